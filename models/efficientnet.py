@@ -1,0 +1,19 @@
+"""EfficientNet B0-B7 and V2 from keras.applications, trained from scratch on `spec`."""
+
+import keras
+
+from models.common import build_application
+from models.spec import DataSpec
+
+_NAMES = [f"B{i}" for i in range(8)] + [f"V2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")]
+VARIANTS = {name: getattr(keras.applications, f"EfficientNet{name}") for name in _NAMES}
+
+
+def build_efficientnet(spec: DataSpec, variant="B0", weights=None) -> keras.Model:
+    """EfficientNet `variant` with spec.num_classes float32 logits.
+
+    Every variant rescales/normalises its input itself, so it takes raw [0, 255] pixels.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"model.variant={variant!r} is not one of {list(VARIANTS)}")
+    return build_application(spec, VARIANTS[variant], "efficientnet", weights=weights)

@@ -1,0 +1,158 @@
+"""tf.data pipelines: a source of examples -> shuffle -> parallel map -> batch -> prefetch.
+
+Each source (`synthetic`, `digits`, `image_folder`, named by `data.name`) gives raw
+examples, a `prepare` function run in the parallel map, and the `DataSpec` the model is
+built for. The training pipeline yields `accum` micro-batches at a time, shaped
+[accum, batch_size, ...], so one call of the compiled step is one optimizer step.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from models.spec import DataSpec
+
+AUTOTUNE = tf.data.AUTOTUNE
+DIGITS_SEQ_LEN = 64  # 8x8 pixels, read as tokens by the transformer
+DIGITS_VOCAB = 17  # pixel intensities 0..16
+
+
+@dataclass
+class Source:
+    train: tf.data.Dataset  # raw examples
+    val: tf.data.Dataset
+    prepare: Callable  # raw example -> (input, target), run in the parallel map
+    spec: DataSpec
+    train_size: int
+
+
+@dataclass
+class Data:
+    train: tf.data.Dataset  # (inputs, targets), each [accum, batch_size, ...], repeated
+    val: tf.data.Dataset  # (inputs, targets), each [batch_size, ...], one pass
+    spec: DataSpec
+    train_size: int
+    steps_per_epoch: int  # optimizer steps per pass over the training split
+
+
+def _token_table(vocab: int, length: int) -> np.ndarray:
+    """Every sequence of the fixed rule x[t+1] = (5 x[t] + 3) mod vocab, one per start token.
+
+    The rule is a permutation of the vocabulary, so the next token is always predictable
+    and a language model's loss falls from ln(vocab) towards zero as it learns.
+    """
+    table = np.zeros((vocab, length), dtype=np.int32)
+    table[:, 0] = np.arange(vocab)
+    for t in range(1, length):
+        table[:, t] = (5 * table[:, t - 1] + 3) % vocab
+    return table
+
+
+def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
+    """Generated examples: the index of each example seeds its content (stateless, repeatable)."""
+    d = cfg.data
+    train = tf.data.Dataset.range(d.train_samples)
+    val = tf.data.Dataset.range(d.train_samples, d.train_samples + d.val_samples)
+    if image_model:
+        shape = (d.image_size, d.image_size, 3)
+        templates = tf.constant(np.random.default_rng(seed).normal(size=(d.num_classes, *shape)),
+                                dtype=tf.float32)
+
+        def prepare(index):
+            pair = tf.stack([tf.constant(seed, tf.int64), index])
+            label = tf.random.stateless_uniform([], pair, 0, d.num_classes, dtype=tf.int32)
+            noise = tf.random.stateless_normal(shape, pair + 1)
+            return 0.5 * tf.gather(templates, label) + noise, label
+
+        spec = DataSpec("image", shape, d.num_classes)
+    else:
+        table = tf.constant(_token_table(d.vocab_size, d.seq_len + 1))
+
+        def prepare(index):
+            pair = tf.stack([tf.constant(seed, tf.int64), index])
+            start = tf.random.stateless_uniform([], pair, 0, d.vocab_size, dtype=tf.int32)
+            sequence = tf.gather(table, start)
+            return sequence[:-1], sequence[1:]
+
+        spec = DataSpec("tokens", (d.seq_len,), d.vocab_size, per_token=True,
+                        vocab_size=d.vocab_size)
+    return Source(train, val, prepare, spec, d.train_samples)
+
+
+def _image_prepare(size: int, scale: float) -> Callable:
+    def prepare(image, label):
+        image = tf.image.resize(tf.cast(image, tf.float32) / scale, (size, size))
+        if image.shape[-1] == 1:
+            image = tf.image.grayscale_to_rgb(image)
+        return image, tf.cast(label, tf.int32)
+
+    return prepare
+
+
+def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:
+    """scikit-learn's bundled handwritten digits, split train/val by a seeded permutation."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    order = np.random.default_rng(seed).permutation(len(bunch.target))
+    n_val = max(1, int(len(order) * cfg.data.val_fraction))
+    labels = bunch.target.astype(np.int32)
+    if image_model:
+        examples = bunch.images.astype(np.float32)[..., None]  # [N, 8, 8, 1], 0..16
+        prepare = _image_prepare(cfg.data.image_size, 16.0)
+        spec = DataSpec("image", (cfg.data.image_size, cfg.data.image_size, 3), 10)
+    else:
+        examples = bunch.images.reshape(len(labels), DIGITS_SEQ_LEN).astype(np.int32)
+
+        def prepare(tokens, label):
+            return tokens, label
+
+        spec = DataSpec("tokens", (DIGITS_SEQ_LEN,), 10, vocab_size=DIGITS_VOCAB)
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    train = tf.data.Dataset.from_tensor_slices((examples[train_idx], labels[train_idx]))
+    val = tf.data.Dataset.from_tensor_slices((examples[val_idx], labels[val_idx]))
+    return Source(train, val, prepare, spec, len(train_idx))
+
+
+def image_folder(cfg: DictConfig, image_model: bool, seed: int) -> Source:
+    """A user's folder of class sub-folders (keras.utils.image_dataset_from_directory)."""
+    import keras
+
+    size = cfg.data.image_size
+    train, val = keras.utils.image_dataset_from_directory(
+        cfg.data.path, label_mode="int", image_size=(size, size), batch_size=None,
+        seed=seed, validation_split=cfg.data.val_fraction, subset="both",
+    )
+    spec = DataSpec("image", (size, size, 3), len(train.class_names))
+    return Source(train, val, _image_prepare(size, 255.0), spec, int(train.cardinality()))
+
+
+SOURCES = {"synthetic": synthetic, "digits": digits, "image_folder": image_folder}
+
+
+def build_data(cfg: DictConfig, image_model: bool) -> Data:
+    """The training and validation pipelines for `cfg.data`, `cfg.accum` micro-batches a step."""
+    seed, batch, accum = cfg.trainer.seed, cfg.data.batch_size, cfg.accum
+    source = SOURCES[cfg.data.name](cfg, image_model, seed)
+    steps_per_epoch = source.train_size // (batch * accum)
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"data.batch_size={batch} x accum={accum} needs {batch * accum} training examples, "
+            f"data={cfg.data.name} has {source.train_size}"
+        )
+    buffer = min(cfg.data.shuffle_buffer, source.train_size)
+    train = (
+        source.train.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .map(source.prepare, num_parallel_calls=AUTOTUNE)
+        .batch(batch, drop_remainder=True)
+        .batch(accum, drop_remainder=True)
+        .prefetch(AUTOTUNE)
+    )
+    val = source.val.map(source.prepare, num_parallel_calls=AUTOTUNE).batch(batch).prefetch(
+        AUTOTUNE
+    )
+    return Data(train, val, source.spec, source.train_size, steps_per_epoch)

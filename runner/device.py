@@ -1,0 +1,31 @@
+"""Where the run trains: the GPU when there is one (trainer.device=auto), else the CPU."""
+
+import tensorflow as tf
+
+
+def setup() -> list:
+    """Enable memory growth on every GPU (before any is initialised) and return them.
+
+    Without growth TensorFlow reserves nearly all GPU memory at start, which hides what the
+    run itself needs from anyone watching nvidia-smi and starves other processes.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # already initialised in this process (a second in-process run)
+            pass
+    return gpus
+
+
+def resolve(name: str, gpus: list) -> str:
+    """`auto`/`cpu`/`gpu`/`/GPU:n` -> a TensorFlow device name; errors in one line."""
+    if name == "auto":
+        return "/GPU:0" if gpus else "/CPU:0"
+    if name == "cpu":
+        return "/CPU:0"
+    if name == "gpu":
+        name = "/GPU:0"
+    if name.startswith("/GPU:") and int(name.split(":")[1]) >= len(gpus):
+        raise RuntimeError(f"trainer.device={name}: this machine has {len(gpus)} GPU(s)")
+    return name
