@@ -3,10 +3,11 @@
 import keras
 
 from models.common import build_application
-from models.spec import DataSpec
+from models.spec import EFFICIENTNET_VARIANTS, DataSpec
 
-_NAMES = [f"B{i}" for i in range(8)] + [f"V2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")]
-VARIANTS = {name: getattr(keras.applications, f"EfficientNet{name}") for name in _NAMES}
+VARIANTS = {
+    name: getattr(keras.applications, f"EfficientNet{name}") for name in EFFICIENTNET_VARIANTS
+}
 
 
 def build_efficientnet(spec: DataSpec, variant="B0", weights=None) -> keras.Model:

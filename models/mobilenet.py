@@ -3,13 +3,19 @@
 import keras
 
 from models.common import build_application
-from models.spec import DataSpec
+from models.spec import MOBILENET_VERSIONS, DataSpec
 
-VERSIONS = {
-    "v2": keras.applications.MobileNetV2,
-    "v3_small": keras.applications.MobileNetV3Small,
-    "v3_large": keras.applications.MobileNetV3Large,
-}
+VERSIONS = dict(
+    zip(
+        MOBILENET_VERSIONS,
+        (
+            keras.applications.MobileNetV2,
+            keras.applications.MobileNetV3Small,
+            keras.applications.MobileNetV3Large,
+        ),
+        strict=True,
+    )
+)
 
 
 def build_mobilenet(spec: DataSpec, version="v2", alpha=1.0, weights=None) -> keras.Model:

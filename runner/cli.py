@@ -33,7 +33,9 @@ def _explain(override: str, others: list[str], err: Exception) -> str:
         return f"{key}={value}: no such option; expected one of {', '.join(_group_options(key))}"
     cause = err.__cause__ if err.__cause__ is not None else err
     if isinstance(cause, ConfigKeyError | ConfigAttributeError):
-        return f"{key}={value}: unknown key; expected one of {', '.join(_sibling_keys(key, others))}"
+        return (
+            f"{key}={value}: unknown key; expected one of {', '.join(_sibling_keys(key, others))}"
+        )
     if isinstance(cause, OmegaConfBaseException):
         msg = str(cause).splitlines()[0]
         return f"{key}={value}: {msg}"

@@ -14,10 +14,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-MOBILENET_VERSIONS = ("v2", "v3_small", "v3_large")
-EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + (
-    "V2B0", "V2B1", "V2B2", "V2B3", "V2S", "V2M", "V2L",
-)
+from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
+
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 JIT_CHOICES = ("auto", "true", "false")
@@ -118,7 +116,7 @@ class TrainerConfig:
     epochs: int = 1
     eval_every: int = 0  # optimizer steps between evaluations; 0: only at the end
     eval_batches: int | None = None  # cap on validation batches; None: the whole split
-    jit_compile: str = "auto"  # auto: XLA on (it is ~2.7x faster on CPU, shared GUIDE)
+    jit_compile: str = "auto"  # auto: XLA on GPUs, and on CPUs for the transformer
     seed: int = 0
     device: str = "auto"  # auto | cpu | gpu | /GPU:n | /CPU:n
     progress: bool = True
@@ -191,20 +189,33 @@ def _validate_model(cfg: DictConfig) -> None:
     if name == "transformer":
         for key in ("model.h", "model.layers", "model.heads"):
             _check_min(cfg, key, 1)
-        _require(cfg.model.h % cfg.model.heads == 0, "model.h", cfg.model.h,
-                 f"a multiple of model.heads={cfg.model.heads}")
-        _require(0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout,
-                 "a number in [0, 1)")
-        _require(cfg.data.name != "image_folder", "data", cfg.data.name,
-                 "token data for model=transformer (synthetic or digits)")
+        _require(
+            cfg.model.h % cfg.model.heads == 0,
+            "model.h",
+            cfg.model.h,
+            f"a multiple of model.heads={cfg.model.heads}",
+        )
+        _require(
+            0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
+        )
+        _require(
+            cfg.data.name != "image_folder",
+            "data",
+            cfg.data.name,
+            "token data for model=transformer (synthetic or digits)",
+        )
     elif name == "mobilenet":
         _check_choice(cfg, "model.version", MOBILENET_VERSIONS)
         _require(cfg.model.alpha > 0, "model.alpha", cfg.model.alpha, "a number > 0")
     elif name == "efficientnet":
         _check_choice(cfg, "model.variant", EFFICIENTNET_VARIANTS)
     weights = cfg.model.weights
-    _require(weights is None or Path(weights).is_file(), "model.weights", weights,
-             "null or the path of an existing weights file")
+    _require(
+        weights is None or Path(weights).is_file(),
+        "model.weights",
+        weights,
+        "null or the path of an existing weights file",
+    )
 
 
 def _validate_data(cfg: DictConfig) -> None:
@@ -218,17 +229,35 @@ def _validate_data(cfg: DictConfig) -> None:
     if cfg.data.name == "synthetic":
         for key in ("data.num_classes", "data.vocab_size"):
             _check_min(cfg, key, 2)
-        _require(cfg.data.train_samples >= cfg.data.batch_size * cfg.accum,
-                 "data.train_samples", cfg.data.train_samples,
-                 f"at least one optimizer step of data (data.batch_size x accum = "
-                 f"{cfg.data.batch_size * cfg.accum})")
+        _require(
+            cfg.data.train_samples >= cfg.data.batch_size * cfg.accum,
+            "data.train_samples",
+            cfg.data.train_samples,
+            f"at least one optimizer step of data (data.batch_size x accum = "
+            f"{cfg.data.batch_size * cfg.accum})",
+        )
         _check_min(cfg, "data.val_samples", 1)
     else:
-        _require(0.0 < cfg.data.val_fraction < 1.0, "data.val_fraction",
-                 cfg.data.val_fraction, "a number in (0, 1)")
+        if cfg.data.name == "digits" and cfg.model.name == "transformer":
+            _require(
+                cfg.data.seq_len == 64,
+                "data.seq_len",
+                cfg.data.seq_len,
+                "64 for data=digits (its 8x8 pixels are the tokens)",
+            )
+        _require(
+            0.0 < cfg.data.val_fraction < 1.0,
+            "data.val_fraction",
+            cfg.data.val_fraction,
+            "a number in (0, 1)",
+        )
     if cfg.data.name == "image_folder":
-        _require(Path(cfg.data.path).is_dir(), "data.path", cfg.data.path,
-                 "an existing directory with one sub-folder of images per class")
+        _require(
+            Path(cfg.data.path).is_dir(),
+            "data.path",
+            cfg.data.path,
+            "an existing directory with one sub-folder of images per class",
+        )
 
 
 def _validate_trainer(cfg: DictConfig) -> None:
@@ -242,18 +271,30 @@ def _validate_trainer(cfg: DictConfig) -> None:
     jit = str(cfg.trainer.jit_compile)
     _require(jit.lower() in JIT_CHOICES, "trainer.jit_compile", jit, "auto, true or false")
     device = cfg.trainer.device
-    _require(bool(re.fullmatch(r"auto|cpu|gpu|/(CPU|GPU):\d+", device)), "trainer.device",
-             device, "auto, cpu, gpu or a device name like /GPU:1")
+    _require(
+        bool(re.fullmatch(r"auto|cpu|gpu|/(CPU|GPU):\d+", device)),
+        "trainer.device",
+        device,
+        "auto, cpu, gpu or a device name like /GPU:1",
+    )
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
     _check_min(cfg, "accum", 1)
     _check_choice(cfg, "precision.policy", POLICIES)
-    _require(cfg.checkpointing.policy == "none", "checkpointing.policy",
-             cfg.checkpointing.policy, "none (gradient checkpointing is not built yet)")
-    _require(cfg.pruning.schedule == "none", "pruning.schedule", cfg.pruning.schedule,
-             "none (pruning is not built yet)")
+    _require(
+        cfg.checkpointing.policy == "none",
+        "checkpointing.policy",
+        cfg.checkpointing.policy,
+        "none (gradient checkpointing is not built yet)",
+    )
+    _require(
+        cfg.pruning.schedule == "none",
+        "pruning.schedule",
+        cfg.pruning.schedule,
+        "none (pruning is not built yet)",
+    )
     _validate_model(cfg)
     _validate_data(cfg)
     _validate_trainer(cfg)

@@ -6,8 +6,8 @@ built for. The training pipeline yields `accum` micro-batches at a time, shaped
 [accum, batch_size, ...], so one call of the compiled step is one optimizer step.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -58,8 +58,9 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     val = tf.data.Dataset.range(d.train_samples, d.train_samples + d.val_samples)
     if image_model:
         shape = (d.image_size, d.image_size, 3)
-        templates = tf.constant(np.random.default_rng(seed).normal(size=(d.num_classes, *shape)),
-                                dtype=tf.float32)
+        templates = tf.constant(
+            np.random.default_rng(seed).normal(size=(d.num_classes, *shape)), dtype=tf.float32
+        )
 
         def prepare(index):
             pair = tf.stack([tf.constant(seed, tf.int64), index])
@@ -77,8 +78,9 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
             sequence = tf.gather(table, start)
             return sequence[:-1], sequence[1:]
 
-        spec = DataSpec("tokens", (d.seq_len,), d.vocab_size, per_token=True,
-                        vocab_size=d.vocab_size)
+        spec = DataSpec(
+            "tokens", (d.seq_len,), d.vocab_size, per_token=True, vocab_size=d.vocab_size
+        )
     return Source(train, val, prepare, spec, d.train_samples)
 
 
@@ -123,8 +125,13 @@ def image_folder(cfg: DictConfig, image_model: bool, seed: int) -> Source:
 
     size = cfg.data.image_size
     train, val = keras.utils.image_dataset_from_directory(
-        cfg.data.path, label_mode="int", image_size=(size, size), batch_size=None,
-        seed=seed, validation_split=cfg.data.val_fraction, subset="both",
+        cfg.data.path,
+        label_mode="int",
+        image_size=(size, size),
+        batch_size=None,
+        seed=seed,
+        validation_split=cfg.data.val_fraction,
+        subset="both",
     )
     spec = DataSpec("image", (size, size, 3), len(train.class_names))
     return Source(train, val, _image_prepare(size, 255.0), spec, int(train.cardinality()))
@@ -152,7 +159,7 @@ def build_data(cfg: DictConfig, image_model: bool) -> Data:
         .batch(accum, drop_remainder=True)
         .prefetch(AUTOTUNE)
     )
-    val = source.val.map(source.prepare, num_parallel_calls=AUTOTUNE).batch(batch).prefetch(
-        AUTOTUNE
+    val = (
+        source.val.map(source.prepare, num_parallel_calls=AUTOTUNE).batch(batch).prefetch(AUTOTUNE)
     )
     return Data(train, val, source.spec, source.train_size, steps_per_epoch)

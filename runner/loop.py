@@ -35,8 +35,15 @@ def evaluate(eval_step, data: Data, max_batches: int | None) -> dict[str, float]
     return {"val/loss": loss_sum / count, "val/accuracy": correct / count}
 
 
-def train(train_step, eval_fn, data: Data, total_steps: int, tracker: Tracker,
-          eval_every: int, progress: bool) -> History:
+def train(
+    train_step,
+    eval_fn,
+    data: Data,
+    total_steps: int,
+    tracker: Tracker,
+    eval_every: int,
+    progress: bool,
+) -> History:
     """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end)."""
     history = History()
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None

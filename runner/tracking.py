@@ -20,7 +20,7 @@ _BATCH = 500  # metrics per log_batch call; well under MLflow's 1000 limit
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -36,20 +36,29 @@ def build_model(cfg: DictConfig, spec) -> keras.Model:
 
 def _warn_batchnorm(cfg: DictConfig) -> None:
     if cfg.accum > 1 and cfg.model.name in IMAGE_MODELS:
-        print(f"note: model={cfg.model.name} has BatchNorm, whose statistics update on every "
-              f"micro-batch of {cfg.data.batch_size}: accum={cfg.accum} matches a batch of "
-              f"{cfg.data.batch_size * cfg.accum} in its gradients, not in its BatchNorm "
-              "statistics.", file=sys.stderr)
+        print(
+            f"note: model={cfg.model.name} has BatchNorm, whose statistics update on every "
+            f"micro-batch of {cfg.data.batch_size}: accum={cfg.accum} matches a batch of "
+            f"{cfg.data.batch_size * cfg.accum} in its gradients, not in its BatchNorm "
+            "statistics.",
+            file=sys.stderr,
+        )
 
 
 def _summary(cfg, dev, history, metrics, run_name, seconds) -> None:
     losses = history.losses
-    print(f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
-          f"on {dev}: {len(losses)} steps in {seconds:.1f} s")
-    print(f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {metrics['val/loss']:.4f}"
-          f"   val/accuracy {metrics['val/accuracy']:.4f}")
-    print(f"  MLflow: run '{run_name}' in experiment '{cfg.mlflow.experiment}' at "
-          f"{cfg.mlflow.tracking_uri}")
+    print(
+        f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
+        f"on {dev}: {len(losses)} steps in {seconds:.1f} s"
+    )
+    print(
+        f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {metrics['val/loss']:.4f}"
+        f"   val/accuracy {metrics['val/accuracy']:.4f}"
+    )
+    print(
+        f"  MLflow: run '{run_name}' in experiment '{cfg.mlflow.experiment}' at "
+        f"{cfg.mlflow.tracking_uri}"
+    )
 
 
 def run(cfg: DictConfig) -> dict:
@@ -58,15 +67,16 @@ def run(cfg: DictConfig) -> dict:
     run_name = cfg.mlflow.run_name or " ".join(overrides) or "default"
     gpus = device.setup()
     dev = device.resolve(cfg.trainer.device, gpus)
-    jit = resolve_jit(cfg.trainer.jit_compile)
+    on_gpu = dev.startswith("/GPU")
+    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
     keras.backend.clear_session()
     keras.utils.set_random_seed(cfg.trainer.seed)
     started = time.perf_counter()
-    with mlflow_run(cfg, run_name) as tracker, precision.policy(cfg, dev.startswith("/GPU")), \
-            tf.device(dev):
+    with mlflow_run(cfg, run_name) as tracker, precision.policy(cfg, on_gpu), tf.device(dev):
         log_config(tracker, cfg, overrides)
-        tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__,
-                          "device": dev, "xla": jit})
+        tracker.set_tags(
+            {"tensorflow": tf.__version__, "keras": keras.__version__, "device": dev, "xla": jit}
+        )
         _warn_batchnorm(cfg)
         data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
         model = build_model(cfg, data.spec)
@@ -75,19 +85,33 @@ def run(cfg: DictConfig) -> dict:
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
         trainable = sum(int(v.numpy().size) for v in model.trainable_variables)
-        tracker.log_params({"effective_batch_size": cfg.data.batch_size * cfg.accum,
-                            "params_total": model.count_params(), "params_trainable": trainable,
-                            "total_steps": total_steps})
+        tracker.log_params(
+            {
+                "effective_batch_size": cfg.data.batch_size * cfg.accum,
+                "params_total": model.count_params(),
+                "params_trainable": trainable,
+                "total_steps": total_steps,
+            }
+        )
         eval_step = make_eval_step(model, loss_fn, jit)
-        history = train(make_train_step(model, optimizer, loss_fn, cfg.accum, jit),
-                        lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
-                        data, total_steps, tracker, cfg.trainer.eval_every, cfg.trainer.progress)
+        history = train(
+            make_train_step(model, optimizer, loss_fn, cfg.accum, jit),
+            lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
+            data,
+            total_steps,
+            tracker,
+            cfg.trainer.eval_every,
+            cfg.trainer.progress,
+        )
         final = history.evals[-1][1]
         steady = history.compute_s[1:] or history.compute_s
-        figures = {"params/total": model.count_params(), "params/trainable": trainable,
-                   "speed/compile_s": history.compute_s[0],
-                   "speed/step_time_s_p50": statistics.median(steady),
-                   "train/final_loss": history.losses[-1]}
+        figures = {
+            "params/total": model.count_params(),
+            "params/trainable": trainable,
+            "speed/compile_s": history.compute_s[0],
+            "speed/step_time_s_p50": statistics.median(steady),
+            "train/final_loss": history.losses[-1],
+        }
         tracker.log_metrics(figures, total_steps)
         run_id = tracker.run_id
     _summary(cfg, dev, history, final, run_name, time.perf_counter() - started)
