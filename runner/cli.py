@@ -8,29 +8,21 @@ once per value of each swept key, with Hydra's own compose API and the real conf
 
 import itertools
 import sys
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from runner.config import ConfigError, register_configs, validate
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-# Flags that print something instead of running a job: Hydra handles them itself.
-_PASSTHROUGH = ("--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--info", "-i")
-
-
-def _group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+from runner.config import CONF_DIR, ConfigError, group_options, register_configs, validate
 
 
 def _explain(override: str, others: list[str], err: Exception) -> str:
     """Turn a Hydra/OmegaConf compose error into `key=value: problem; expected ...`."""
     key, _, value = override.partition("=")
     if isinstance(err, ConfigCompositionException) and (CONF_DIR / key).is_dir():
-        return f"{key}={value}: no such option; expected one of {', '.join(_group_options(key))}"
+        return f"{key}={value}: no such option; expected one of {', '.join(group_options(key))}"
     cause = err.__cause__ if err.__cause__ is not None else err
     if isinstance(cause, ConfigKeyError | ConfigAttributeError):
         return (
@@ -73,10 +65,10 @@ def _find_culprit(overrides: list[str]) -> int:
     return len(overrides) - 1
 
 
-def job_overrides(args: list[str]) -> list[list[str]]:
+def job_overrides(overrides: list[str]) -> list[list[str]]:
     """Expand sweeps into the override lists of the jobs they describe (one value per key)."""
     parsed = OverridesParser.create().parse_overrides(
-        [a for a in args if not a.startswith("-") and not a.startswith("hydra")]
+        [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     )
     choices = []
     for ov in parsed:
@@ -88,16 +80,25 @@ def job_overrides(args: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*choices)]
 
 
-def check_command_line(args: list[str]) -> None:
+def check_command_line(argv: list[str]) -> None:
     """Exit with a one-line error if any job of this command line has a bad config."""
-    if any(a in _PASSTHROUGH or a.startswith("--shell-completion") for a in args):
-        return
-    multirun = "-m" in args or "--multirun" in args
+    # Hydra's own argument parser separates its flags (--cfg job, -m, ...) from overrides.
+    args = get_args_parser().parse_args(argv)
+    if (
+        args.help
+        or args.hydra_help
+        or args.shell_completion
+        or args.info
+        or args.config_name
+        or args.config_path
+        or args.config_dir
+    ):
+        return  # Hydra answers these itself, or composes a config this check does not know
     try:
-        jobs = job_overrides(args)
+        jobs = job_overrides(args.overrides)
     except OverrideParseException as err:
         raise SystemExit(f"error: {str(err).splitlines()[0]}") from None
-    if len(jobs) > 1 and not multirun:
+    if len(jobs) > 1 and not args.multirun:
         raise SystemExit("error: a key has several values; add -m to sweep over them")
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 
@@ -141,8 +141,26 @@ class Config:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its YAML files (the base_* schemas are not options)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _groups_help() -> str:
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in groups)
+
+
 def register_configs() -> None:
-    """Store the schemas under the names the YAML defaults lists extend (base_<option>)."""
+    """Store the schemas under the names the YAML defaults lists extend (base_<option>).
+
+    Also registers the `tfmemlab_groups` resolver used by --help: Hydra's own group list
+    would show the base_* schemas as if they were options.
+    """
+    OmegaConf.register_new_resolver("tfmemlab_groups", _groups_help, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, name, node in [

@@ -1,0 +1,54 @@
+"""`python run.py ...` exactly as a user types it, in a subprocess, against a temp store."""
+
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import TINY, TINY_DATA, run_cli
+
+TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3"]
+
+
+def _runs(store):
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tfmemlab")
+    return client.search_runs([experiment.experiment_id])
+
+
+def test_mixed_precision_with_accumulation_as_typed(tmp_path, store):
+    result = run_cli(
+        ["precision=mixed", "accum=4", *TINY_ARGS], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "precision=mixed accum=4 on /CPU:0: 3 steps" in result.stdout
+    assert "float16" in result.stderr  # the one-time note that fp16 on a CPU is slow
+    (mlrun,) = _runs(store)
+    assert mlrun.info.status == "FINISHED"
+    assert mlrun.info.run_name.startswith("precision=mixed accum=4")
+    assert mlrun.data.params["precision.policy"] == "mixed_float16"
+    assert mlrun.data.params["effective_batch_size"] == "16"
+
+
+def test_sweep_runs_one_mlflow_run_per_job(tmp_path, store):
+    result = run_cli(
+        ["-m", "precision=fp32,bf16", "accum=1,2", *TINY_ARGS],
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": store},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = _runs(store)
+    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    combos = {(r.data.params["precision.name"], r.data.params["accum"]) for r in runs}
+    assert combos == {("fp32", "1"), ("fp32", "2"), ("bf16", "1"), ("bf16", "2")}
+    assert (tmp_path / "outputs" / "multirun").is_dir()  # Hydra's sweep dir under outputs/
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path):
+    result = run_cli(["--cfg", "job", "accum=4", "model=mobilenet"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "accum: 4" in result.stdout and "version: v2" in result.stdout
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    result = run_cli(["--help"], cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for line in ("model: efficientnet, mobilenet, transformer", "precision: bf16, fp32, mixed"):
+        assert line in result.stdout

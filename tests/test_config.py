@@ -1,0 +1,118 @@
+"""Every option of every group composes; overrides land where the README says; bad input
+is answered with one line, before TensorFlow is imported."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner.cli import CONF_DIR
+from runner.config import ConfigError, validate
+from tests.conftest import REPO, compose_config, run_cli
+
+OPTIONS = sorted((p.parent.name, p.stem) for p in CONF_DIR.glob("*/*.yaml"))
+
+
+def test_every_group_has_options():
+    groups = {group for group, _ in OPTIONS}
+    assert groups == {"model", "precision", "checkpointing", "pruning", "data", "trainer"}
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_validates(group, option, tmp_path):
+    overrides = [f"{group}={option}"]
+    if option == "image_folder":
+        overrides += ["model=mobilenet", f"data.path={tmp_path}"]
+    cfg = compose_config(overrides)
+    validate(cfg)
+    # The option extends its dataclass schema, so typos and wrong types fail at compose time.
+    assert dataclasses.is_dataclass(OmegaConf.get_type(cfg[group]))
+    if group in ("model", "data", "precision"):
+        assert cfg[group].name == option
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "expected"),
+    [
+        ([], "accum", 1),
+        (["accum=4"], "accum", 4),
+        (["precision=mixed"], "precision.policy", "mixed_float16"),
+        (["precision=mixed"], "precision.loss_scaling", True),
+        (["precision=mixed"], "precision.initial_scale", 2.0**15),
+        (["precision=bf16"], "precision.policy", "mixed_bfloat16"),
+        (["precision=bf16"], "precision.loss_scaling", False),
+        (["model.h=64", "model.heads=8"], "model.h", 64),
+        (["model=mobilenet", "model.version=v3_small"], "model.version", "v3_small"),
+        (["model=efficientnet", "model.variant=V2S"], "model.variant", "V2S"),
+        (["data.batch_size=8"], "data.batch_size", 8),
+        (["data=digits"], "data.val_fraction", 0.2),
+        (["trainer.optimizer=sgd", "trainer.lr=0.1"], "trainer.lr", 0.1),
+        (["trainer.max_steps=null"], "trainer.max_steps", None),
+        (["mlflow.experiment=study"], "mlflow.experiment", "study"),
+    ],
+)
+def test_overrides_land_on_keys(overrides, key, expected):
+    cfg = compose_config(overrides)
+    validate(cfg)
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    assert node == expected
+
+
+def test_tracking_uri_defaults_to_sqlite_and_follows_env(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert compose_config([]).mlflow.tracking_uri == "sqlite:///outputs/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert compose_config([]).mlflow.tracking_uri == "http://127.0.0.1:5999"
+
+
+def test_validate_raises_config_error_naming_key():
+    cfg = compose_config(["accum=2"])
+    cfg.accum = 0
+    with pytest.raises(ConfigError, match=r"^accum=0: .*>= 1"):
+        validate(cfg)
+
+
+BAD_INPUT = [
+    (["accum=0"], "accum=0", ">= 1"),
+    (["accum=four"], "accum=four", "Integer"),
+    (["precision=mixd"], "precision=mixd", "bf16, fp32, mixed"),
+    (["model.widht=8"], "model.widht=8", "h, heads"),
+    (["data.batch_size=-3"], "data.batch_size=-3", ">= 1"),
+    (
+        ["model=mobilenet", "data=image_folder", "data.path=/no/such/folder"],
+        "data.path=/no/such/folder",
+        "existing directory",
+    ),
+    (["model.h=10", "model.heads=4"], "model.h=10", "multiple of model.heads=4"),
+    (["-m", "precision=fp32,mixd"], "precision=mixd", "bf16, fp32, mixed"),
+    (["trainer.optimizer=adagrad"], "trainer.optimizer=adagrad", "adam, adamw, sgd"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "names", "allowed"), BAD_INPUT, ids=[" ".join(a) for a, _, _ in BAD_INPUT]
+)
+def test_bad_input_fails_in_one_line(args, names, allowed, tmp_path):
+    result = run_cli(args, cwd=tmp_path, timeout=60)
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith("error: ")
+    assert names in message and allowed in message
+    assert not (tmp_path / "outputs").exists()  # rejected before any run started
+
+
+def test_command_line_check_does_not_import_tensorflow():
+    code = (
+        "import sys\nfrom runner.cli import check_command_line\n"
+        "check_command_line(['precision=mixed', 'accum=4'])\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
