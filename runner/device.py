@@ -29,3 +29,11 @@ def resolve(name: str, gpus: list) -> str:
     if name.startswith("/GPU:") and int(name.split(":")[1]) >= len(gpus):
         raise RuntimeError(f"trainer.device={name}: this machine has {len(gpus)} GPU(s)")
     return name
+
+
+def describe(dev: str, gpus: list) -> str:
+    """A human name for the device, e.g. "NVIDIA H200" (looked up in the peak-FLOP/s table)."""
+    if dev.startswith("/GPU"):
+        details = tf.config.experimental.get_device_details(gpus[int(dev.split(":")[1])])
+        return details.get("device_name", dev)
+    return dev

@@ -2,6 +2,8 @@
 
 Each step's wall time is split into the wait for data (`next(iterator)`) and compute
 (the step call, synchronised by reading the loss back), which model.fit does not expose.
+Memory is read per phase: the first step (tracing, XLA compilation) apart from the steady
+steps after it, and evaluation kept out of the training peak.
 """
 
 import math
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 import keras
 
 from runner.data import Data
+from runner.telemetry import Memory
 from runner.tracking import Tracker
 
 
@@ -20,6 +23,9 @@ class History:
     wait_s: list[float] = field(default_factory=list)  # waiting for the input pipeline
     compute_s: list[float] = field(default_factory=list)  # the compiled step, loss read back
     evals: list[tuple[int, dict]] = field(default_factory=list)
+    current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
+    first_step_peak: int = 0
+    steady_peak: int = 0  # training steps after the first, evaluation excluded
 
 
 def evaluate(eval_step, data: Data, max_batches: int | None) -> dict[str, float]:
@@ -43,11 +49,13 @@ def train(
     tracker: Tracker,
     eval_every: int,
     progress: bool,
+    mem: Memory,
 ) -> History:
     """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end)."""
     history = History()
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
     iterator = iter(data.train)
+    mem.reset()
     for step in range(1, total_steps + 1):
         start = time.perf_counter()
         xs, ys = next(iterator)
@@ -56,13 +64,24 @@ def train(
         history.wait_s.append(fetched - start)
         history.compute_s.append(time.perf_counter() - fetched)
         history.losses.append(loss)
-        tracker.log_metrics({"train/loss": loss}, step)
+        history.current_bytes.append(mem.current())
+        tracker.log_metrics(
+            {"train/loss": loss, "mem/current_bytes": history.current_bytes[-1]}, step
+        )
         if not math.isfinite(loss):
             raise FloatingPointError(f"train/loss is {loss} at optimizer step {step}")
-        if (eval_every and step % eval_every == 0) or step == total_steps:
+        if step == 1:
+            history.first_step_peak = mem.peak()
+            mem.reset()
+        evaluating = (eval_every and step % eval_every == 0) or step == total_steps
+        if evaluating:
+            if step > 1:
+                history.steady_peak = max(history.steady_peak, mem.peak())
             metrics = eval_fn()
             history.evals.append((step, metrics))
             tracker.log_metrics(metrics, step)
+            mem.reset()
         if bar is not None:
             bar.update(step, [("loss", loss)])
+    history.steady_peak = history.steady_peak or history.first_step_peak  # a 1-step run
     return history

@@ -1,29 +1,37 @@
 """`run(cfg) -> dict`: the whole pipeline, top to bottom.
 
-seed -> precision -> data -> model -> optimizer -> train loop -> evaluate -> log.
+seed -> precision -> data -> model -> optimizer -> train loop -> evaluate -> report.
 """
 
 import importlib
-import statistics
 import sys
 import time
+from pathlib import Path
 
 import keras
 import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import device, precision
+from runner import device, precision, report
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
+from runner.telemetry import Memory
 from runner.tracking import log_config, mlflow_run
 
 
 def _overrides() -> list[str]:
     """The command-line overrides of this job (empty when called outside Hydra)."""
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _run_dir(run_id: str) -> Path:
+    """Hydra's output folder for this job, or outputs/runs/<run id> outside Hydra."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path("outputs") / "runs" / run_id
 
 
 def build_model(cfg: DictConfig, spec) -> keras.Model:
@@ -45,15 +53,22 @@ def _warn_batchnorm(cfg: DictConfig) -> None:
         )
 
 
-def _summary(cfg, dev, history, metrics, run_name, seconds) -> None:
-    losses = history.losses
+def _summary(cfg, dev, history, figures, run_name, seconds) -> None:
+    losses, final = history.losses, history.evals[-1][1]
     print(
         f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
         f"on {dev}: {len(losses)} steps in {seconds:.1f} s"
     )
     print(
-        f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {metrics['val/loss']:.4f}"
-        f"   val/accuracy {metrics['val/accuracy']:.4f}"
+        f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {final['val/loss']:.4f}"
+        f"   val/accuracy {final['val/accuracy']:.4f}"
+    )
+    print(
+        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
+        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB)   step "
+        f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "
+        f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
+        f"{figures['speed/compile_s']:.1f} s"
     )
     print(
         f"  MLflow: run '{run_name}' in experiment '{cfg.mlflow.experiment}' at "
@@ -75,21 +90,28 @@ def run(cfg: DictConfig) -> dict:
     with mlflow_run(cfg, run_name) as tracker, precision.policy(cfg, on_gpu), tf.device(dev):
         log_config(tracker, cfg, overrides)
         tracker.set_tags(
-            {"tensorflow": tf.__version__, "keras": keras.__version__, "device": dev, "xla": jit}
+            {
+                "tensorflow": tf.__version__,
+                "keras": keras.__version__,
+                "device": dev,
+                "device_name": device.describe(dev, gpus),
+                "xla": jit,
+            }
         )
         _warn_batchnorm(cfg)
+        mem = Memory(dev)
+        mem.reset()
         data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
         model = build_model(cfg, data.spec)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg), cfg)
         optimizer.build(model.trainable_variables)
+        build_peak = mem.peak()
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
-        trainable = sum(int(v.numpy().size) for v in model.trainable_variables)
         tracker.log_params(
             {
                 "effective_batch_size": cfg.data.batch_size * cfg.accum,
                 "params_total": model.count_params(),
-                "params_trainable": trainable,
                 "total_steps": total_steps,
             }
         )
@@ -102,17 +124,25 @@ def run(cfg: DictConfig) -> dict:
             tracker,
             cfg.trainer.eval_every,
             cfg.trainer.progress,
+            mem,
         )
-        final = history.evals[-1][1]
-        steady = history.compute_s[1:] or history.compute_s
-        figures = {
-            "params/total": model.count_params(),
-            "params/trainable": trainable,
-            "speed/compile_s": history.compute_s[0],
-            "speed/step_time_s_p50": statistics.median(steady),
-            "train/final_loss": history.losses[-1],
-        }
-        tracker.log_metrics(figures, total_steps)
+        figures, peak_source = report.collect(
+            cfg, model, optimizer, data.spec, history, build_peak, device.describe(dev, gpus), jit
+        )
+        report.publish(
+            tracker,
+            figures,
+            history,
+            _run_dir(tracker.run_id),
+            run_name,
+            {"mem/source": mem.source, "speed/peak_source": peak_source},
+        )
         run_id = tracker.run_id
-    _summary(cfg, dev, history, final, run_name, time.perf_counter() - started)
-    return {"run_id": run_id, "run_name": run_name, "steps": total_steps, **final, **figures}
+    _summary(cfg, dev, history, figures, run_name, time.perf_counter() - started)
+    return {
+        "run_id": run_id,
+        "run_name": run_name,
+        "steps": total_steps,
+        **history.evals[-1][1],
+        **figures,
+    }

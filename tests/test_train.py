@@ -5,6 +5,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.train import run
+from tests.test_telemetry import check_contract
 
 
 def _run_and_fetch(cfg, store):
@@ -31,6 +32,7 @@ def test_each_family_trains_and_is_recorded(model, tiny_cfg, store):
     assert tags["device"] == "/CPU:0"
     artifacts = {a.path for a in client.list_artifacts(mlrun.info.run_id)}
     assert {"config.yaml", "overrides.txt"} <= artifacts
+    check_contract(client, mlrun.info.run_id, model)
 
 
 def test_transformer_loss_really_falls(tiny_cfg):

@@ -1,0 +1,263 @@
+"""Analytic memory estimate, FLOPs per optimizer step and MFU, logged beside the measurements.
+
+The memory estimate is a model of what training keeps alive at its peak: weights, gradients,
+optimizer slots, the accumulation sum, pruning masks and one micro-batch's activations
+(runner/step.py runs micro-batches in a tf.while_loop, so only one micro-batch's activations
+live at a time). Its ratio to the measured peak says how much the framework adds or fuses.
+"""
+
+import json
+import math
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+# Bytes of one activation element: the compute dtype of each policy (variables stay float32).
+ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
+CHECKPOINTING = ("none", "blocks")
+
+# Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32, 16-bit tensor core).
+# Word-bounded names, so "A10" does not match "A100" nor "L4" "L40S".
+GPU_PEAKS = {
+    "H100": (67e12, 989e12),
+    "H200": (67e12, 989e12),
+    "A100": (19.5e12, 312e12),
+    "V100": (15.7e12, 125e12),
+    "L4": (30.3e12, 121e12),
+    "T4": (8.1e12, 65e12),
+    "A10": (31.2e12, 125e12),
+}
+CPU_CACHE_FILE = "cpu_peak_flops.json"
+
+
+def _nbytes(variables) -> int:
+    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
+
+
+def _float32_bytes(variables) -> int:
+    """Gradients and accumulation sums are float32: variables stay float32 under mixed policies."""
+    return sum(math.prod(v.shape) * 4 for v in variables)
+
+
+def _activation_bytes(cfg, float32_compute: bool) -> int:
+    """float32_compute: XLA on a CPU computes 16-bit policies in float32 (shared GUIDE: bf16 and
+    fp32 peaks were equal there), so their activations are 4 bytes, not 2, on that path."""
+    policy = cfg.precision.policy
+    if policy not in ACTIVATION_BYTES:
+        raise ValueError(f"precision.policy={policy}: expected one of {sorted(ACTIVATION_BYTES)}")
+    return 4 if float32_compute else ACTIVATION_BYTES[policy]
+
+
+def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float) -> int:
+    """Activations one transformer layer keeps for backward (Korthikanti et al. 2022, Sec. 4.1).
+
+    The paper's 34sbh + 5as^2b bytes (16-bit activations, 1-byte dropout masks) decomposed into
+    elements, so the element size p can follow the precision policy:
+      attention: LN output sbh, Q and K 2sbh, V sbh, output-projection input sbh  -> 5sbh
+                 softmax output as^2b; with dropout its mask as^2b (bytes) and output as^2b
+                 and the attention-output dropout mask sbh (bytes)
+      MLP:       first linear input sbh, GeLU input 4sbh, second linear input 4sbh -> 9sbh
+                 with dropout its mask sbh (bytes)
+      2 LNs:     their inputs 2sbh
+    => 16sbh + as^2b elements, plus (dropout > 0) 2sbh + as^2b mask bytes and as^2b elements;
+    at p = 2 with dropout this is exactly 34sbh + 5as^2b. (Our block has no dropout after the
+    attention projection, so one sbh mask of the paper's is not there: a few % at most.)
+    """
+    sbh, ass = s * b * h, a * s * s * b
+    total = 16 * sbh * p + ass * p
+    if dropout > 0:
+        total += 2 * sbh + ass + ass * p
+    return total
+
+
+def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
+    """(activations kept for backward, workspace): the workspace is one layer's worth of
+    activation gradients, alive while that layer's backward pass runs."""
+    s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
+    policy = cfg.checkpointing.policy
+    if policy not in CHECKPOINTING:
+        raise ValueError(f"checkpointing.policy={policy}: expected one of {CHECKPOINTING}")
+    layer = transformer_layer_bytes(s, b, m.h, m.heads, p, m.dropout)
+    if policy == "blocks":
+        # Full recomputation (Korthikanti et al. 2022, Sec. 4.1: 2sbhL in 16-bit): each block
+        # keeps only its input, and one block's activations are rebuilt at a time in backprop.
+        body = m.layers * s * b * m.h * p + layer
+    else:
+        body = m.layers * layer
+    edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
+    # Head: float32 logits and the float32 softmax the cross-entropy keeps for its gradient.
+    head = 2 * b * (s if spec.per_token else 1) * spec.num_classes * 4
+    return body + edges + head, layer
+
+
+def _graph_activations(model, b: int, p: int) -> tuple[int, int]:
+    """Sum of every layer's output size x b x p (each layer once, InputLayer skipped).
+
+    Upper-ish: XLA and grappler fuse elementwise ops (BatchNorm, activations, adds), whose
+    outputs then never exist as separate buffers, and some ops need only their input for
+    backward. Checkpointing is not modelled for CNNs yet, which makes it higher still.
+    """
+    sizes = [
+        math.prod(out.shape[1:]) * b * p
+        for layer in model.layers
+        if not isinstance(layer, keras.layers.InputLayer)
+        for out in keras.tree.flatten(layer.output)
+    ]
+    # Workspace: the gradient of the largest layer output, alive during its backward step.
+    return sum(sizes), max(sizes)
+
+
+def estimate_memory(model, optimizer, cfg, spec, float32_compute: bool = False) -> dict[str, int]:
+    """Bytes of each part training keeps at its peak, and their sum under "total".
+
+    float32_compute: the run computes 16-bit policies in float32 (XLA on a CPU).
+    """
+    trainable = model.trainable_variables
+    p = _activation_bytes(cfg, float32_compute)
+    if cfg.model.name == "transformer":
+        activations, workspace = _transformer_activations(cfg, spec, p)
+    else:
+        activations, workspace = _graph_activations(model, cfg.data.batch_size, p)
+    # One float32 mask per kernel (Dense, EinsumDense, Conv, depthwise kernels): their
+    # variable names end in "kernel"; embeddings, biases and norms are not pruned.
+    kernels = [v for v in trainable if v.name.endswith("kernel")]
+    parts = {
+        "params": _nbytes(model.weights),
+        "gradients": _float32_bytes(trainable),
+        # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
+        # whose variables include the inner optimizer's) is counted as it is.
+        "optimizer": _nbytes(optimizer.variables),
+        # runner/step.py sums micro-batch gradients: one running float32 sum beside the
+        # current micro-batch's gradients.
+        "accumulation": _float32_bytes(trainable) if cfg.accum > 1 else 0,
+        "masks": _float32_bytes(kernels) if cfg.pruning.schedule != "none" else 0,
+        "activations": activations,
+        "workspace": workspace,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
+def _non_embedding_params(model) -> int:
+    embedding = {
+        id(v)
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Embedding)
+        for v in layer.weights
+    }
+    return sum(math.prod(v.shape) for v in model.weights if id(v) not in embedding)
+
+
+def _kernel_macs(model) -> int:
+    """Multiply-accumulates of one example's forward pass from layer shapes (channels last).
+
+    A Dense or Conv kernel is applied once per output position: kernel size x output positions
+    (Conv2D: kh*kw*cin*cout x oh*ow; DepthwiseConv2D: kh*kw*cin*mult x oh*ow; Dense: in*out).
+    """
+    total = 0
+    for layer in model.layers:
+        for name in ("kernel", "depthwise_kernel"):
+            kernel = getattr(layer, name, None)
+            if isinstance(kernel, keras.Variable):
+                total += math.prod(kernel.shape) * math.prod(layer.output.shape[1:-1])
+    return total
+
+
+def graph_forward_flops(model, spec) -> float:
+    """Forward FLOPs of one example, counted by the TensorFlow profiler on the traced graph.
+
+    The profiler counts 2 per multiply-accumulate plus bias adds and other elementwise ops with
+    registered statistics. If it counts nothing (ops without statistics), fall back to
+    2 x Dense/Conv MACs from the layer shapes, which misses only the elementwise ops.
+    """
+    concrete = tf.function(model).get_concrete_function(
+        tf.TensorSpec([1, *spec.input_shape], tf.float32)
+    )
+    builder = tf.compat.v1.profiler.ProfileOptionBuilder
+    options = builder(builder.float_operation()).with_empty_output().build()
+    flops = tf.compat.v1.profiler.profile(graph=concrete.graph, options=options).total_float_ops
+    return float(flops or 2 * _kernel_macs(model))
+
+
+def model_flops_per_step(model, cfg, spec) -> float:
+    """FLOPs of one optimizer step: cfg.accum micro-batches of cfg.data.batch_size examples."""
+    examples = cfg.data.batch_size * cfg.accum
+    if cfg.model.name == "transformer":
+        # PaLM (Chowdhery et al. 2022), appendix B: 6N + 12*L*H*Q*T FLOPs per token, N the
+        # non-embedding parameters, H*Q = h, T = s; the second term is attention's QK^T and AV.
+        m, s = cfg.model, spec.seq_len
+        per_token = 6 * _non_embedding_params(model) + 12 * m.layers * m.h * s
+        return float(per_token * examples * s)
+    # Backward costs ~2x forward (input and weight gradients), so training is 3x forward.
+    return 3.0 * graph_forward_flops(model, spec) * examples
+
+
+def _cpu_key() -> str:
+    name = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} x{os.cpu_count()}"
+
+
+def _calibrate_cpu(n: int = 2048, repeats: int = 3) -> float:
+    """FLOP/s of the best of `repeats` float32 n x n matmuls (2n^3 FLOPs each), after a warm-up."""
+    with tf.device("/CPU:0"):
+        a = tf.random.uniform((n, n), dtype=tf.float32)
+        b = tf.random.uniform((n, n), dtype=tf.float32)
+        tf.reduce_sum(tf.matmul(a, b)).numpy()  # warm-up: thread pool, kernel selection
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tf.reduce_sum(tf.matmul(a, b)).numpy()
+            best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def _cpu_peak(cache_dir) -> float:
+    """The calibrated CPU peak, measured once per CPU model and core count, then read back."""
+    path = Path(cache_dir) / CPU_CACHE_FILE
+    key = _cpu_key()
+    cache = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in cache:
+        cache[key] = _calibrate_cpu()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename: jobs of a multirun may calibrate at once; none reads a half file.
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
+    return float(cache[key])
+
+
+def peak_flops(device_name: str, policy: str, cache_dir) -> tuple[float, str]:
+    """(peak FLOP/s, where it came from) for `device_name` under the precision `policy`.
+
+    On a CPU the float32 figure serves every policy: XLA on a CPU without AVX512_BF16/AMX
+    computes 16-bit math in float32 (shared GUIDE, "Precision on this CPU").
+    """
+    if device_name.startswith("/CPU") or "CPU" in device_name.upper():
+        return _cpu_peak(cache_dir), "cpu_calibrated"
+    for model, (fp32, half) in GPU_PEAKS.items():
+        if re.search(rf"\b{model}\b", device_name.upper()):
+            return (fp32 if policy == "float32" else half), f"table:{model}"
+    return math.nan, "unknown"
+
+
+def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over peak; nan when any input is unusable."""
+    try:
+        values = [float(v) for v in (flops_per_step, step_time_s, peak)]
+    except (TypeError, ValueError):
+        return math.nan
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        return math.nan
+    flops, seconds, peak = values
+    return flops / seconds / peak

@@ -1,0 +1,249 @@
+"""The analytic memory estimate, FLOPs per step and peak FLOP/s, on tiny real models."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import json  # noqa: E402
+import math  # noqa: E402
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+from models.spec import DataSpec  # noqa: E402
+from runner import estimate, precision  # noqa: E402
+from runner.step import build_optimizer  # noqa: E402
+from runner.train import build_model  # noqa: E402
+from tests.conftest import compose_config, tiny_overrides  # noqa: E402
+
+# What runner/data.py gives the tiny transformer (synthetic tokens) and a tiny CNN.
+TOKENS = DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16)
+IMAGES = DataSpec("image", (32, 32, 3), 10)
+# The scalars an optimizer keeps beside its slots (iteration, learning rate, loss scale).
+SCALAR_BYTES = 64
+PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "activations", "workspace")
+
+
+@pytest.fixture(autouse=True)
+def fresh_session():
+    keras.backend.clear_session()
+    yield
+
+
+def built(model_name="transformer", *extra):
+    """(model, optimizer, cfg, spec) as runner.train.run makes them on the CPU."""
+    cfg = compose_config(tiny_overrides(model_name) + list(extra))
+    spec = TOKENS if model_name == "transformer" else IMAGES
+    with precision.policy(cfg, on_gpu=False):
+        model = build_model(cfg, spec)
+        optimizer = precision.wrap_optimizer(build_optimizer(cfg), cfg)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer, cfg, spec
+
+
+def trainable_bytes(model):
+    return sum(math.prod(v.shape) * 4 for v in model.trainable_variables)
+
+
+def activations(*extra):
+    return estimate.estimate_memory(*built("transformer", *extra))["activations"]
+
+
+@pytest.mark.parametrize("extra", [[], ["precision=mixed", "accum=4"], ["precision=bf16"]])
+def test_parts_sum_to_total(extra):
+    parts = estimate.estimate_memory(*built("transformer", *extra))
+    assert set(parts) == set(PARTS) | {"total"}
+    assert all(v >= 0 for v in parts.values())
+    assert parts["total"] == sum(parts[k] for k in PARTS)
+
+
+@pytest.mark.parametrize(
+    "optimizer, slots", [("adam", 2), ("adamw", 2), ("sgd", 1)], ids=["adam", "adamw", "sgd"]
+)
+def test_optimizer_slots(optimizer, slots):
+    model, opt, cfg, spec = built("transformer", f"trainer.optimizer={optimizer}")
+    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    extra = parts["optimizer"] - slots * trainable_bytes(model)
+    assert 0 <= extra <= SCALAR_BYTES
+    assert parts["params"] == parts["gradients"] == trainable_bytes(model)
+
+
+def test_loss_scale_optimizer_counts_inner_slots():
+    model, opt, cfg, spec = built("transformer", "precision=mixed")
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    slots = estimate.estimate_memory(model, opt, cfg, spec)["optimizer"]
+    extra = slots - 2 * trainable_bytes(model)
+    assert 0 <= extra <= SCALAR_BYTES
+
+
+@pytest.mark.parametrize("accum, copies", [(1, 0), (4, 1)])
+def test_accumulation_buffer(accum, copies):
+    model, opt, cfg, spec = built("transformer", f"accum={accum}")
+    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    assert parts["accumulation"] == copies * trainable_bytes(model)
+
+
+def test_masks_only_when_pruning():
+    model, opt, cfg, spec = built("transformer")
+    assert estimate.estimate_memory(model, opt, cfg, spec)["masks"] == 0
+    cfg.pruning.schedule = "polynomial"
+    masks = estimate.estimate_memory(model, opt, cfg, spec)["masks"]
+    h, vocab = cfg.model.h, TOKENS.num_classes
+    # q, k, v, attention output (h x h each), mlp_up and mlp_down (4h^2 each), logits (h x vocab).
+    assert masks == (4 * h * h + 8 * h * h + h * vocab) * 4
+
+
+# Korthikanti et al. 2022 per layer, written out for s=8, b=4, h=16, a=2, L=1 (the tiny config):
+# sbh = 512, as^2b = 512. fp32, no dropout: 16*512*4 + 512*4 = 34816; embedding + final norm
+# 2*512*4 = 4096; head 2*b*s*classes*4 = 2*4*8*16*4 = 4096.
+FP32_NO_DROPOUT = 34816 + 4096 + 4096
+# Dropout adds 2sbh + as^2b mask bytes and as^2b more elements: 1024 + 512 + 512*4 = 3584.
+FP32_DROPOUT = FP32_NO_DROPOUT + 3584
+# bf16 halves everything but the float32 head: 16*512*2 + 512*2 + 2*512*2 + 4096.
+BF16_NO_DROPOUT = 17408 + 2048 + 4096
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ([], FP32_NO_DROPOUT),
+        (["model.dropout=0.1"], FP32_DROPOUT),
+        (["precision=bf16"], BF16_NO_DROPOUT),
+        (["precision=mixed"], BF16_NO_DROPOUT),
+    ],
+    ids=["fp32", "fp32_dropout", "bf16", "fp16"],
+)
+def test_transformer_activations_match_formula(extra, expected):
+    assert activations(*extra) == expected
+
+
+def test_transformer_activations_halve_16_bit_part():
+    head = 2 * 4 * 8 * 16 * 4
+    assert activations("precision=bf16") - head == (activations() - head) / 2
+
+
+def test_transformer_activations_linear_in_batch():
+    small, large = activations("data.batch_size=4"), activations("data.batch_size=8")
+    assert large == 2 * small
+
+
+def test_checkpointing_blocks_shrinks_activations():
+    layers = ["model.layers=4"]
+    full = activations(*layers)
+    blocks = activations(*layers, "checkpointing.policy=blocks")
+    sbhp = 8 * 4 * 16 * 4
+    head_and_edges = 4096 + 2 * sbhp
+    assert blocks < full
+    # 4 block inputs kept + one block recomputed at a time.
+    assert blocks == 4 * sbhp + (full - head_and_edges) / 4 + head_and_edges
+
+
+def test_unknown_checkpointing_policy_fails():
+    with pytest.raises(ValueError, match="checkpointing.policy=selective"):
+        activations("checkpointing.policy=selective")
+
+
+def test_cnn_activations_proportional_to_batch():
+    model, opt, cfg, spec = built("mobilenet")
+    small = estimate.estimate_memory(model, opt, cfg, spec)["activations"]
+    cfg.data.batch_size *= 2
+    large = estimate.estimate_memory(model, opt, cfg, spec)["activations"]
+    assert small > 0 and large == 2 * small
+
+
+def test_transformer_flops_palm_formula():
+    model, _, cfg, spec = built("transformer", "accum=2")
+    h, s, b = cfg.model.h, spec.seq_len, cfg.data.batch_size
+    n = model.count_params() - spec.vocab_size * h - s * h  # minus token + position embeddings
+    expected = (6 * n + 12 * cfg.model.layers * h * s) * b * 2 * s
+    assert estimate.model_flops_per_step(model, cfg, spec) == expected
+
+
+def tiny_cnn():
+    # Conv2D 3x3, 3 -> 4 channels on 8x8: 6*6*4 outputs x 27 MACs = 3888; Dense 144 -> 5: 720.
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3),
+            keras.layers.Flatten(),
+            keras.layers.Dense(5),
+        ]
+    )
+
+
+HAND_MACS = 3888 + 720
+
+
+def test_cnn_flops_from_profiler():
+    spec = DataSpec("image", (8, 8, 3), 5)
+    cfg = compose_config(tiny_overrides("mobilenet") + ["accum=2"])
+    model = tiny_cnn()
+    assert estimate._kernel_macs(model) == HAND_MACS
+    forward = estimate.graph_forward_flops(model, spec)
+    # The profiler counts 2 per MAC plus the bias adds (144 + 5).
+    assert 2 * HAND_MACS <= forward <= 1.05 * 2 * HAND_MACS
+    step = estimate.model_flops_per_step(model, cfg, spec)
+    assert step == 3 * forward * cfg.data.batch_size * 2
+
+
+@pytest.mark.parametrize(
+    "name, policy, peak",
+    [
+        ("NVIDIA H200", "mixed_bfloat16", 989e12),
+        ("NVIDIA H100 80GB HBM3", "float32", 67e12),
+        ("NVIDIA A100-SXM4-80GB", "mixed_float16", 312e12),
+        ("NVIDIA A10", "float32", 31.2e12),
+        ("NVIDIA L4", "mixed_bfloat16", 121e12),
+        ("Tesla T4", "mixed_float16", 65e12),
+    ],
+)
+def test_gpu_peak_table(name, policy, peak, tmp_path):
+    value, source = estimate.peak_flops(name, policy, tmp_path)
+    assert value == peak and source.startswith("table:")
+
+
+@pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA A10G", "/GPU:0"])
+def test_unknown_gpu_is_nan(name, tmp_path):
+    value, source = estimate.peak_flops(name, "float32", tmp_path)
+    assert math.isnan(value) and source == "unknown"
+
+
+def test_cpu_peak_calibrated_once_and_cached(tmp_path, monkeypatch):
+    first, source = estimate.peak_flops("/CPU:0", "mixed_bfloat16", tmp_path / "outputs")
+    assert first > 0 and source == "cpu_calibrated"
+    cache = tmp_path / "outputs" / estimate.CPU_CACHE_FILE
+    assert cache.is_file() and list(json.loads(cache.read_text()).values()) == [first]
+
+    def no_recalibration(*args, **kwargs):
+        raise AssertionError("calibrated again despite the cache")
+
+    monkeypatch.setattr(estimate, "_calibrate_cpu", no_recalibration)
+    assert estimate.peak_flops("CPU", "float32", tmp_path / "outputs") == (first, source)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ((1e12, 2.0, 1e12), 0.5),
+        ((1e12, 0.0, 1e12), math.nan),
+        ((1e12, 1.0, math.nan), math.nan),
+        ((math.nan, 1.0, 1e12), math.nan),
+        ((1e12, None, 1e12), math.nan),
+    ],
+)
+def test_mfu(args, expected):
+    value = estimate.mfu(*args)
+    assert (math.isnan(value) and math.isnan(expected)) or value == expected
+
+
+def test_workspace_is_one_transformer_layer():
+    model, opt, cfg, spec = built("transformer", "model.layers=3")
+    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    assert parts["workspace"] == estimate.transformer_layer_bytes(8, 4, 16, 2, 4, 0.0)
+
+
+def test_float32_compute_counts_16_bit_activations_as_float32():
+    fp32 = estimate.estimate_memory(*built("transformer"))
+    bf16_on_cpu_xla = estimate.estimate_memory(*built("transformer", "precision=bf16"), True)
+    assert bf16_on_cpu_xla["activations"] == fp32["activations"]
+    assert bf16_on_cpu_xla["workspace"] == fp32["workspace"]

@@ -1,0 +1,129 @@
+"""Memory and speed figures: the contract keys, their sources, and that they move the right way."""
+
+import json
+
+import pytest
+import tensorflow as tf
+from mlflow.tracking import MlflowClient
+
+from runner.telemetry import Memory, speed_figures
+from runner.train import run
+from tests.conftest import compose_config
+
+CONTRACT = [
+    "mem/peak_bytes",
+    "mem/build_peak_bytes",
+    "mem/first_step_peak_bytes",
+    "mem/peak_rss_bytes",
+    "mem/estimate_bytes",
+    "mem/measured_over_estimate",
+    "speed/compile_s",
+    "speed/step_time_s_p50",
+    "speed/step_time_s_p90",
+    "speed/samples_per_s",
+    "speed/input_wait_frac",
+    "speed/flops_per_step",
+    "speed/mfu",
+    "params/total",
+    "params/trainable",
+]
+TRANSFORMER_ONLY = ["speed/tokens_per_s", "params/per_layer"]
+ESTIMATE_PARTS = [
+    "params",
+    "gradients",
+    "optimizer",
+    "accumulation",
+    "masks",
+    "activations",
+    "workspace",
+]
+HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+
+
+def check_contract(client: MlflowClient, run_id: str, model: str) -> dict:
+    """Every contract key is logged, positive, and the same in MLflow and metrics.json."""
+    mlrun = client.get_run(run_id)
+    metrics = mlrun.data.metrics
+    keys = CONTRACT + (TRANSFORMER_ONLY if model == "transformer" else [])
+    for key in keys:
+        assert metrics[key] > 0, key
+    for part in ESTIMATE_PARTS:
+        assert metrics[f"mem/estimate/{part}_bytes"] >= 0
+    assert mlrun.data.tags["mem/source"] in ("gpu_allocator", "cpu_bfc_allocator")
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"metrics.json", "memory_timeline.png"} <= artifacts
+    local = client.download_artifacts(run_id, "metrics.json")
+    with open(local) as f:
+        written = json.load(f)
+    assert all(written[k] == pytest.approx(metrics[k]) for k in keys)
+    assert len(client.get_metric_history(run_id, "mem/current_bytes")) > 0
+    return metrics
+
+
+def test_speed_figures_from_step_times():
+    figures = speed_figures(
+        [0.5, 0.01, 0.01, 0.03], [2.0, 0.09, 0.19, 0.07], samples_per_step=8, tokens_per_step=8 * 16
+    )
+    assert figures["speed/compile_s"] == pytest.approx(2.5)
+    assert figures["speed/step_time_s_p50"] == pytest.approx(0.10)
+    assert figures["speed/samples_per_s"] == pytest.approx(3 * 8 / 0.4)
+    assert figures["speed/tokens_per_s"] == pytest.approx(3 * 128 / 0.4)
+    assert figures["speed/input_wait_frac"] == pytest.approx(0.05 / 0.4)
+
+
+def test_cpu_allocator_stats_are_on():
+    mem = Memory("/CPU:0")
+    assert mem.source == "cpu_bfc_allocator"
+    mem.reset()
+    x = tf.random.normal([1024, 1024])  # 4 MiB held while we read
+    assert mem.peak() >= x.shape[0] * x.shape[1] * 4
+
+
+def test_rss_fallback_reads_the_process_peak():
+    mem = Memory("/CPU:0", source="rss")
+    mem.reset()
+    assert mem.source == "rss" and mem.peak() > 10 * 2**20  # TensorFlow alone holds more
+
+
+def _peak(tiny_cfg, *overrides) -> dict:
+    base = [
+        "model.h=64",
+        "model.heads=4",
+        "data.seq_len=64",
+        "trainer.max_steps=3",
+        "data.train_samples=128",
+    ]
+    return run(tiny_cfg("transformer", *base, *overrides))
+
+
+def test_peak_grows_with_batch_and_width(tiny_cfg):
+    small = _peak(tiny_cfg, "data.batch_size=8")
+    large = _peak(tiny_cfg, "data.batch_size=32")
+    wide = _peak(tiny_cfg, "data.batch_size=8", "model.h=128")
+    assert large["mem/peak_bytes"] > 1.5 * small["mem/peak_bytes"]
+    assert wide["mem/peak_bytes"] > small["mem/peak_bytes"]
+    assert large["mem/estimate/activations_bytes"] == 4 * small["mem/estimate/activations_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_transformer_measured_over_estimate_in_band(precision, store):
+    # The default transformer: at tiny sizes fixed runtime buffers dominate the peak.
+    cfg = compose_config(
+        [
+            f"precision={precision}",
+            "trainer.max_steps=3",
+            "trainer.progress=false",
+            f"mlflow.tracking_uri={store}",
+        ]
+    )
+    assert 0.5 <= run(cfg)["mem/measured_over_estimate"] <= 1.5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_gpu_run_reports_the_gpu_allocator(tiny_cfg, store):
+    result = run(tiny_cfg("transformer", "trainer.device=gpu"))
+    client = MlflowClient(tracking_uri=store)
+    check_contract(client, result["run_id"], "transformer")
+    assert client.get_run(result["run_id"]).data.tags["mem/source"] == "gpu_allocator"
