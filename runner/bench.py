@@ -131,7 +131,7 @@ def _run_jobs(jobs: dict[str, list[str]], extra: list[str], store: str) -> dict[
                 f"mlflow.tracking_uri={store}",
                 "mlflow.experiment=bench",
                 "trainer.progress=false",
-                f"mlflow.run_name={name}",
+                f"mlflow.run_name='{name}'",
             ]
         )
         results[name] = run(cfg)

@@ -18,6 +18,7 @@ from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("constant", "cosine")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")
 
@@ -110,6 +111,8 @@ class ImageFolderDataConfig(DataConfig):
 class TrainerConfig:
     optimizer: str = "adam"
     lr: float = 1e-3
+    schedule: str = "constant"  # constant | cosine (over the run's optimizer steps)
+    warmup_steps: int = 0  # cosine only: linear warm-up from 0 to lr
     weight_decay: float = 0.0  # adamw only
     momentum: float = 0.9  # sgd only
     max_steps: int | None = None  # optimizer steps; None: epochs x steps per epoch
@@ -127,6 +130,8 @@ class MlflowConfig:
     tracking_uri: str = "sqlite:///outputs/mlflow.db"
     experiment: str = "tfmemlab"
     run_name: str | None = None  # None: the Hydra overrides, e.g. "precision=mixed accum=4"
+    system_metrics: bool = False  # MLflow's own CPU/GPU/RAM sampling, as system/* metrics
+    system_metrics_interval_s: float = 2.0
 
 
 @dataclass
@@ -281,6 +286,8 @@ def _validate_data(cfg: DictConfig) -> None:
 def _validate_trainer(cfg: DictConfig) -> None:
     _check_choice(cfg, "trainer.optimizer", OPTIMIZERS)
     _require(cfg.trainer.lr > 0, "trainer.lr", cfg.trainer.lr, "a number > 0")
+    _check_choice(cfg, "trainer.schedule", SCHEDULES)
+    _check_min(cfg, "trainer.warmup_steps", 0)
     _check_min(cfg, "trainer.max_steps", 1, optional=True)
     _check_min(cfg, "trainer.epochs", 1)
     _check_min(cfg, "trainer.eval_every", 0)

@@ -24,6 +24,7 @@ class History:
     compute_s: list[float] = field(default_factory=list)  # the compiled step, loss read back
     evals: list[tuple[int, dict]] = field(default_factory=list)
     current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
+    skipped_steps: int = 0  # updates skipped for non-finite gradients (float16 loss scaling)
     first_step_peak: int = 0
     steady_peak: int = 0  # training steps after the first, evaluation excluded
 
@@ -50,8 +51,12 @@ def train(
     eval_every: int,
     progress: bool,
     mem: Memory,
+    step_metrics=None,
 ) -> History:
-    """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end)."""
+    """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end).
+
+    step_metrics: optional callable returning extra per-step metrics (the loss scale).
+    """
     history = History()
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
     iterator = iter(data.train)
@@ -60,21 +65,21 @@ def train(
         start = time.perf_counter()
         xs, ys = next(iterator)
         fetched = time.perf_counter()
-        loss = float(train_step(xs, ys))
+        loss, finite = train_step(xs, ys)
+        loss = float(loss)  # reading the loss back waits for the step to finish
         history.wait_s.append(fetched - start)
         history.compute_s.append(time.perf_counter() - fetched)
         history.losses.append(loss)
+        history.skipped_steps += not bool(finite)
         history.current_bytes.append(mem.current())
-        tracker.log_metrics(
-            {"train/loss": loss, "mem/current_bytes": history.current_bytes[-1]}, step
-        )
+        metrics = {"train/loss": loss, "mem/current_bytes": history.current_bytes[-1]}
+        tracker.log_metrics({**metrics, **(step_metrics() if step_metrics else {})}, step)
         if not math.isfinite(loss):
             raise FloatingPointError(f"train/loss is {loss} at optimizer step {step}")
         if step == 1:
             history.first_step_peak = mem.peak()
             mem.reset()
-        evaluating = (eval_every and step % eval_every == 0) or step == total_steps
-        if evaluating:
+        if (eval_every and step % eval_every == 0) or step == total_steps:
             if step > 1:
                 history.steady_peak = max(history.steady_peak, mem.peak())
             metrics = eval_fn()

@@ -2,20 +2,38 @@
 
 import contextlib
 import sys
+from pathlib import Path
 
 import keras
 from omegaconf import DictConfig
 
-# What the choice does on a CPU, said once per run (shared GUIDE, "Precision on this CPU";
-# tensorflow/tensorflow#45441 measured fp16 3 s -> 187 s per epoch without XLA).
-_CPU_NOTES = {
-    "mixed_float16": "precision=mixed on a CPU: float16 math is emulated and very slow without "
-    "XLA; under XLA it is computed in float32, so it saves little or no memory. Its memory "
-    "gain is a GPU figure.",
-    "mixed_bfloat16": "precision=bf16 on a CPU without native bfloat16 (AVX512_BF16/AMX): slower "
-    "without XLA and, under XLA, computed in float32, so it saves little memory. Its memory "
-    "gain is a GPU/TPU figure.",
-}
+
+def _cpu_has_bf16() -> bool:
+    """AVX512_BF16 or AMX: the CPU instructions for native bfloat16 math."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_note(policy: str) -> str | None:
+    """What a 16-bit policy will do on a CPU, said once per run (shared GUIDE's measurements;
+    tensorflow/tensorflow#45441 measured fp16 3 s -> 187 s per epoch without XLA)."""
+    if policy == "mixed_float16":
+        return (
+            "precision=mixed on a CPU: float16 is very slow there without XLA, and under XLA "
+            "it is computed in float32, so it saves little or no memory. Its memory gain is "
+            "a GPU figure."
+        )
+    if policy == "mixed_bfloat16":
+        native = "has" if _cpu_has_bf16() else "lacks"
+        return (
+            "precision=bf16 on a CPU: under XLA it is computed in float32, so it saves little "
+            f"or no memory; without XLA it saves activation memory but this CPU {native} "
+            "native bfloat16 (AVX512_BF16/AMX). Its memory gain is a GPU/TPU figure."
+        )
+    return None
 
 
 @contextlib.contextmanager
@@ -23,8 +41,9 @@ def policy(cfg: DictConfig, on_gpu: bool):
     """Set the global dtype policy for the run and restore the previous one after it."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(cfg.precision.policy)
-    if not on_gpu and cfg.precision.policy in _CPU_NOTES:
-        print(f"note: {_CPU_NOTES[cfg.precision.policy]}", file=sys.stderr)
+    note = None if on_gpu else cpu_note(cfg.precision.policy)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     try:
         yield
     finally:
@@ -40,3 +59,10 @@ def wrap_optimizer(optimizer: keras.optimizers.Optimizer, cfg: DictConfig):
         initial_scale=cfg.precision.initial_scale,
         dynamic_growth_steps=cfg.precision.dynamic_growth_steps,
     )
+
+
+def step_metrics(optimizer):
+    """Per-step `precision/loss_scale` for a loss-scaled optimizer, else None."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    return lambda: {"precision/loss_scale": float(optimizer.dynamic_scale.numpy())}

@@ -44,8 +44,11 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool):
             grads = [a + b for a, b in zip(grads, micro_grads, strict=True)]
             loss += micro_loss
         grads = [g / accum for g in grads]
+        # A non-finite gradient in any micro-batch makes the sum non-finite: LossScaleOptimizer
+        # then skips the whole update and lowers the scale; we return the flag to count skips.
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         optimizer.apply(grads, variables)
-        return loss / accum
+        return loss / accum, finite
 
     return train_step
 
@@ -63,10 +66,28 @@ def make_eval_step(model, loss_fn, jit_compile: bool):
     return eval_step
 
 
-def build_optimizer(cfg) -> keras.optimizers.Optimizer:
+def learning_rate(cfg, total_steps: int):
+    """trainer.lr, constant or cosine-decayed over the run's optimizer steps.
+
+    The optimizer's iteration counter advances once per optimizer step (one apply per call of
+    the step above), so schedules count optimizer steps, not micro-batches.
+    """
     t = cfg.trainer
+    if t.schedule == "constant":
+        return t.lr
+    warmup = min(t.warmup_steps, total_steps - 1)
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else t.lr,
+        decay_steps=max(total_steps - warmup, 1),
+        warmup_target=t.lr if warmup else None,
+        warmup_steps=warmup,
+    )
+
+
+def build_optimizer(cfg, total_steps: int = 1) -> keras.optimizers.Optimizer:
+    t, lr = cfg.trainer, learning_rate(cfg, total_steps)
     if t.optimizer == "adam":
-        return keras.optimizers.Adam(t.lr)
+        return keras.optimizers.Adam(lr)
     if t.optimizer == "adamw":
-        return keras.optimizers.AdamW(t.lr, weight_decay=t.weight_decay)
-    return keras.optimizers.SGD(t.lr, momentum=t.momentum)
+        return keras.optimizers.AdamW(lr, weight_decay=t.weight_decay)
+    return keras.optimizers.SGD(lr, momentum=t.momentum)

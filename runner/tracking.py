@@ -90,16 +90,36 @@ def mlflow_run(cfg: DictConfig, run_name: str):
     client = client_for(uri)
     run = client.create_run(_experiment_id(client, cfg.mlflow.experiment, uri), run_name=run_name)
     tracker = Tracker(client, run.info.run_id)
+    monitor = _system_metrics(cfg, run.info.run_id)
     try:
         yield tracker
     except BaseException as err:
         with contextlib.suppress(Exception):  # never let logging hide the real error
             tracker.flush()
             tracker.set_tags({"error": f"{type(err).__name__}: {err}"[:5000]})
-        client.set_terminated(run.info.run_id, status="FAILED")
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        client.set_terminated(run.info.run_id, status=status)
         raise
+    finally:
+        if monitor is not None:
+            monitor.finish()
     tracker.flush()
     client.set_terminated(run.info.run_id, status="FINISHED")
+
+
+def _system_metrics(cfg: DictConfig, run_id: str):
+    """MLflow's CPU/GPU/RAM sampler (mlflow.system_metrics=true), bound to this run's store."""
+    if not cfg.mlflow.system_metrics:
+        return None
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(
+        run_id,
+        sampling_interval=cfg.mlflow.system_metrics_interval_s,
+        tracking_uri=cfg.mlflow.tracking_uri,
+    )
+    monitor.start()
+    return monitor
 
 
 def log_config(tracker: Tracker, cfg: DictConfig, overrides: list[str]) -> None:

@@ -76,6 +76,36 @@ def _summary(cfg, dev, history, figures, run_name, seconds) -> None:
     )
 
 
+def _log_setup(tracker, cfg: DictConfig, overrides: list[str], dev: str, gpus, jit) -> None:
+    log_config(tracker, cfg, overrides)
+    tracker.set_tags(
+        {
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "device": dev,
+            "device_name": device.describe(dev, gpus),
+            "xla": jit,
+        }
+    )
+
+
+def _train(cfg: DictConfig, model, optimizer, data, total_steps: int, tracker, mem, jit):
+    """The compiled steps around the readable loop; evaluation and the loss scale as hooks."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    eval_step = make_eval_step(model, loss_fn, jit)
+    return train(
+        make_train_step(model, optimizer, loss_fn, cfg.accum, jit),
+        lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
+        data,
+        total_steps,
+        tracker,
+        cfg.trainer.eval_every,
+        cfg.trainer.progress,
+        mem,
+        precision.step_metrics(optimizer),
+    )
+
+
 def run(cfg: DictConfig) -> dict:
     validate(cfg)
     overrides = _overrides()
@@ -88,47 +118,31 @@ def run(cfg: DictConfig) -> dict:
     keras.utils.set_random_seed(cfg.trainer.seed)
     started = time.perf_counter()
     with mlflow_run(cfg, run_name) as tracker, precision.policy(cfg, on_gpu), tf.device(dev):
-        log_config(tracker, cfg, overrides)
-        tracker.set_tags(
-            {
-                "tensorflow": tf.__version__,
-                "keras": keras.__version__,
-                "device": dev,
-                "device_name": device.describe(dev, gpus),
-                "xla": jit,
-            }
-        )
+        _log_setup(tracker, cfg, overrides, dev, gpus, jit)
         _warn_batchnorm(cfg)
         mem = Memory(dev)
         mem.reset()
         data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
         model = build_model(cfg, data.spec)
-        optimizer = precision.wrap_optimizer(build_optimizer(cfg), cfg)
+        total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+        optimizer = precision.wrap_optimizer(build_optimizer(cfg, total_steps), cfg)
         optimizer.build(model.trainable_variables)
         build_peak = mem.peak()
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
         tracker.log_params(
             {
-                "effective_batch_size": cfg.data.batch_size * cfg.accum,
+                "effective_batch_size": cfg.data.batch_size * cfg.accum * replicas,
+                "replicas": replicas,
                 "params_total": model.count_params(),
                 "total_steps": total_steps,
             }
         )
-        eval_step = make_eval_step(model, loss_fn, jit)
-        history = train(
-            make_train_step(model, optimizer, loss_fn, cfg.accum, jit),
-            lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
-            data,
-            total_steps,
-            tracker,
-            cfg.trainer.eval_every,
-            cfg.trainer.progress,
-            mem,
-        )
+        history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit)
         figures, peak_source = report.collect(
             cfg, model, optimizer, data.spec, history, build_peak, device.describe(dev, gpus), jit
         )
+        if cfg.precision.loss_scaling:
+            figures["precision/skipped_steps"] = history.skipped_steps
         report.publish(
             tracker,
             figures,
