@@ -44,13 +44,22 @@ def _float32_bytes(variables) -> int:
     return sum(math.prod(v.shape) * 4 for v in variables)
 
 
-def _activation_bytes(cfg, float32_compute: bool) -> int:
-    """float32_compute: XLA on a CPU computes 16-bit policies in float32 (shared GUIDE: bf16 and
-    fp32 peaks were equal there), so their activations are 4 bytes, not 2, on that path."""
+# XLA on a CPU without native 16-bit math rewrites 16-bit ops to compute in float32 and keeps
+# converted copies beside the 16-bit tensors: `python -m runner.bench memory` measured bf16
+# peaks 1.3-1.7x the float32 ones at the same size on a 2-core CPU (issue 3). Estimated as a
+# 16-bit tensor plus its float32 copy per activation element.
+CPU_XLA_16BIT_BYTES = 2 + 4
+
+
+def _activation_bytes(cfg, cpu_xla: bool) -> int:
+    """Bytes per activation element: the policy's compute dtype, or on the CPU-XLA path above
+    CPU_XLA_16BIT_BYTES for 16-bit policies."""
     policy = cfg.precision.policy
     if policy not in ACTIVATION_BYTES:
         raise ValueError(f"precision.policy={policy}: expected one of {sorted(ACTIVATION_BYTES)}")
-    return 4 if float32_compute else ACTIVATION_BYTES[policy]
+    if cpu_xla and ACTIVATION_BYTES[policy] == 2:
+        return CPU_XLA_16BIT_BYTES
+    return ACTIVATION_BYTES[policy]
 
 
 def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float) -> int:
@@ -112,13 +121,13 @@ def _graph_activations(model, b: int, p: int) -> tuple[int, int]:
     return sum(sizes), max(sizes)
 
 
-def estimate_memory(model, optimizer, cfg, spec, float32_compute: bool = False) -> dict[str, int]:
+def estimate_memory(model, optimizer, cfg, spec, cpu_xla: bool = False) -> dict[str, int]:
     """Bytes of each part training keeps at its peak, and their sum under "total".
 
-    float32_compute: the run computes 16-bit policies in float32 (XLA on a CPU).
+    cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
     """
     trainable = model.trainable_variables
-    p = _activation_bytes(cfg, float32_compute)
+    p = _activation_bytes(cfg, cpu_xla)
     if cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
     else:

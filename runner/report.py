@@ -29,10 +29,8 @@ def _params(model: keras.Model) -> dict[str, float]:
     return figures
 
 
-def _memory(
-    cfg, model, optimizer, spec, history: History, build_peak: int, float32_compute: bool
-) -> dict:
-    parts = estimate.estimate_memory(model, optimizer, cfg, spec, float32_compute)
+def _memory(cfg, model, optimizer, spec, history: History, build_peak: int, cpu_xla: bool) -> dict:
+    parts = estimate.estimate_memory(model, optimizer, cfg, spec, cpu_xla)
     figures = {
         "mem/peak_bytes": history.steady_peak,
         "mem/build_peak_bytes": build_peak,
@@ -58,11 +56,11 @@ def collect(
     """Every figure of the run, keyed as in the contract, and where the peak FLOP/s came from."""
     samples = cfg.data.batch_size * cfg.accum
     tokens = samples * spec.seq_len if spec.kind == "tokens" else None
-    # XLA on a CPU computes 16-bit policies in float32 (shared GUIDE): estimate what runs.
-    float32_compute = jit and "GPU" not in device_name.upper() and "NVIDIA" not in device_name
+    # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
+    cpu_xla = jit and "GPU" not in device_name.upper() and "NVIDIA" not in device_name
     figures = {
         **_params(model),
-        **_memory(cfg, model, optimizer, spec, history, build_peak, float32_compute),
+        **_memory(cfg, model, optimizer, spec, history, build_peak, cpu_xla),
     }
     figures.update(speed_figures(history.wait_s, history.compute_s, samples, tokens))
     flops = estimate.model_flops_per_step(model, cfg, spec)

@@ -130,8 +130,12 @@ def test_gpu_run_reports_the_gpu_allocator(tiny_cfg, store):
 
 
 def test_system_metrics_switch_logs_mlflow_system_metrics(tiny_cfg, store):
-    cfg = tiny_cfg("transformer", "mlflow.system_metrics=true",
-                   "mlflow.system_metrics_interval_s=0.5", "trainer.max_steps=20")
+    cfg = tiny_cfg(
+        "transformer",
+        "mlflow.system_metrics=true",
+        "mlflow.system_metrics_interval_s=0.5",
+        "trainer.max_steps=20",
+    )
     result = run(cfg)
     metrics = MlflowClient(tracking_uri=store).get_run(result["run_id"]).data.metrics
     assert any(key.startswith("system/") for key in metrics), sorted(metrics)
