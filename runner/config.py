@@ -19,6 +19,7 @@ from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
+CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")
 
@@ -68,7 +69,8 @@ class PrecisionConfig:
 
 @dataclass
 class CheckpointingConfig:
-    policy: str = "none"
+    policy: str = "none"  # none | blocks | sqrt | every
+    every: int = 2  # policy=every: blocks per recomputed segment
 
 
 @dataclass
@@ -181,6 +183,15 @@ def register_configs() -> None:
         ("trainer", "base_trainer", TrainerConfig),
     ]:
         cs.store(group=group, name=name, node=node)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real conf/ composed with these overrides, outside a Hydra app (tests, benchmarks)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -308,12 +319,8 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
     _check_min(cfg, "accum", 1)
     _check_choice(cfg, "precision.policy", POLICIES)
-    _require(
-        cfg.checkpointing.policy == "none",
-        "checkpointing.policy",
-        cfg.checkpointing.policy,
-        "none (gradient checkpointing is not built yet)",
-    )
+    _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
+    _check_min(cfg, "checkpointing.every", 1)
     _require(
         cfg.pruning.schedule == "none",
         "pruning.schedule",

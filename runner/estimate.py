@@ -17,9 +17,11 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from runner.checkpointing import RematInfo, segment_length
+
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
 ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
-CHECKPOINTING = ("none", "blocks")
+CHECKPOINTING = ("none", "blocks", "sqrt", "every")
 
 # Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32, 16-bit tensor core).
 # Word-bounded names, so "A10" does not match "A100" nor "L4" "L40S".
@@ -92,38 +94,50 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
     if policy not in CHECKPOINTING:
         raise ValueError(f"checkpointing.policy={policy}: expected one of {CHECKPOINTING}")
     layer = transformer_layer_bytes(s, b, m.h, m.heads, p, m.dropout)
-    if policy == "blocks":
-        # Full recomputation (Korthikanti et al. 2022, Sec. 4.1: 2sbhL in 16-bit): each block
-        # keeps only its input, and one block's activations are rebuilt at a time in backprop.
-        body = m.layers * s * b * m.h * p + layer
-    else:
+    if policy == "none":
         body = m.layers * layer
+    else:
+        # Recomputation (Korthikanti et al. 2022, Sec. 4.1: 2sbhL in 16-bit for every block):
+        # each segment of k blocks keeps only its input, and one segment's activations are
+        # rebuilt at a time in backprop.
+        k = segment_length(policy, m.layers, cfg.checkpointing.every)
+        body = math.ceil(m.layers / k) * s * b * m.h * p + min(k, m.layers) * layer
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
     # Head: float32 logits and the float32 softmax the cross-entropy keeps for its gradient.
     head = 2 * b * (s if spec.per_token else 1) * spec.num_classes * 4
     return body + edges + head, layer
 
 
-def _graph_activations(model, b: int, p: int) -> tuple[int, int]:
-    """Sum of every layer's output size x b x p (each layer once, InputLayer skipped).
+def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
+    """Sum of every operation's output size x b x p (InputLayer skipped), and the largest.
 
     Upper-ish: XLA and grappler fuse elementwise ops (BatchNorm, activations, adds), whose
     outputs then never exist as separate buffers, and some ops need only their input for
-    backward. Checkpointing is not modelled for CNNs yet, which makes it higher still.
+    backward. With checkpointing, a segment keeps only its output, and the largest segment's
+    activations are rebuilt at a time in backprop.
     """
-    sizes = [
-        math.prod(out.shape[1:]) * b * p
-        for layer in model.layers
-        if not isinstance(layer, keras.layers.InputLayer)
-        for out in keras.tree.flatten(layer.output)
-    ]
-    # Workspace: the gradient of the largest layer output, alive during its backward step.
-    return sum(sizes), max(sizes)
+    sizes = {
+        op.name: sum(math.prod(out.shape[1:]) for out in keras.tree.flatten(op.output)) * b * p
+        for op in model.operations
+        if not isinstance(op, keras.layers.InputLayer)
+    }
+    # Workspace: the gradient of the largest output, alive during its backward step.
+    workspace = max(sizes.values())
+    if not remat.segments:
+        return sum(sizes.values()), workspace
+    inside = set().union(*remat.segment_ops)
+    kept = sum(v for name, v in sizes.items() if name not in inside)
+    kept += sum(sizes[name] for name in remat.segment_outputs)
+    rebuilt = max(sum(sizes.get(name, 0) for name in ops) for ops in remat.segment_ops)
+    return kept + rebuilt, workspace
 
 
-def estimate_memory(model, optimizer, cfg, spec, cpu_xla: bool = False) -> dict[str, int]:
+def estimate_memory(
+    model, optimizer, cfg, spec, cpu_xla: bool = False, remat: RematInfo | None = None
+) -> dict[str, int]:
     """Bytes of each part training keeps at its peak, and their sum under "total".
 
+    model: the model before checkpointing wrapped it; remat: what checkpointing.apply did.
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
     """
     trainable = model.trainable_variables
@@ -131,7 +145,9 @@ def estimate_memory(model, optimizer, cfg, spec, cpu_xla: bool = False) -> dict[
     if cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
     else:
-        activations, workspace = _graph_activations(model, cfg.data.batch_size, p)
+        activations, workspace = _graph_activations(
+            model, cfg.data.batch_size, p, remat or RematInfo()
+        )
     # One float32 mask per kernel (Dense, EinsumDense, Conv, depthwise kernels): their
     # variable names end in "kernel"; embeddings, biases and norms are not pruned.
     kernels = [v for v in trainable if v.name.endswith("kernel")]
@@ -161,14 +177,17 @@ def _non_embedding_params(model) -> int:
     return sum(math.prod(v.shape) for v in model.weights if id(v) not in embedding)
 
 
-def _kernel_macs(model) -> int:
-    """Multiply-accumulates of one example's forward pass from layer shapes (channels last).
+def _kernel_macs(model, names: set[str] | None = None) -> int:
+    """Multiply-accumulates of one example's forward pass from layer shapes (channels last),
+    over all layers or those named in `names`.
 
     A Dense or Conv kernel is applied once per output position: kernel size x output positions
     (Conv2D: kh*kw*cin*cout x oh*ow; DepthwiseConv2D: kh*kw*cin*mult x oh*ow; Dense: in*out).
     """
     total = 0
     for layer in model.layers:
+        if names is not None and layer.name not in names:
+            continue
         for name in ("kernel", "depthwise_kernel"):
             kernel = getattr(layer, name, None)
             if isinstance(kernel, keras.Variable):
@@ -203,6 +222,23 @@ def model_flops_per_step(model, cfg, spec) -> float:
         return float(per_token * examples * s)
     # Backward costs ~2x forward (input and weight gradients), so training is 3x forward.
     return 3.0 * graph_forward_flops(model, spec) * examples
+
+
+def hardware_flops_per_step(model_flops: float, model, cfg, spec, remat: RematInfo) -> float:
+    """Model FLOPs plus the forward passes that checkpointing runs again in backprop.
+
+    Transformer: every block is recomputed once, 2*12h^2 + 4hs FLOPs per token per layer
+    (the forward third of PaLM's 6N + 12Lhs). CNNs: the recomputed segments' share of the
+    forward MACs (from layer shapes) applied to the forward FLOPs (a third of model FLOPs).
+    """
+    if not remat.segments:
+        return model_flops
+    if cfg.model.name == "transformer":
+        m, s = cfg.model, spec.seq_len
+        tokens = cfg.data.batch_size * cfg.accum * s
+        return model_flops + float(tokens * m.layers * (24 * m.h**2 + 4 * m.h * s))
+    share = _kernel_macs(model, set().union(*remat.segment_ops)) / _kernel_macs(model)
+    return model_flops * (1 + share / 3)
 
 
 def _cpu_key() -> str:

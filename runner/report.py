@@ -5,12 +5,15 @@ run directory, so runs of any model, precision or device compare column by colum
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import keras
 from omegaconf import DictConfig
 
+from models.spec import DataSpec
 from runner import estimate
+from runner.checkpointing import RematInfo
 from runner.loop import History
 from runner.telemetry import Memory, speed_figures, timeline_png
 from runner.tracking import Tracker
@@ -29,46 +32,67 @@ def _params(model: keras.Model) -> dict[str, float]:
     return figures
 
 
-def _memory(cfg, model, optimizer, spec, history: History, build_peak: int, cpu_xla: bool) -> dict:
-    parts = estimate.estimate_memory(model, optimizer, cfg, spec, cpu_xla)
+@dataclass
+class RunFacts:
+    """What a finished run hands to the report."""
+
+    model: keras.Model  # as built, before checkpointing wrapped it
+    optimizer: keras.optimizers.Optimizer
+    spec: DataSpec
+    history: History
+    build_peak: int
+    device_name: str
+    jit: bool
+    remat: RematInfo
+
+
+def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> dict:
+    parts = estimate.estimate_memory(
+        facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat
+    )
+    peak = facts.history.steady_peak
     figures = {
-        "mem/peak_bytes": history.steady_peak,
-        "mem/build_peak_bytes": build_peak,
-        "mem/first_step_peak_bytes": history.first_step_peak,
+        "mem/peak_bytes": peak,
+        "mem/build_peak_bytes": facts.build_peak,
+        "mem/first_step_peak_bytes": facts.history.first_step_peak,
         "mem/peak_rss_bytes": Memory.peak_rss(),
         "mem/estimate_bytes": parts["total"],
-        "mem/measured_over_estimate": history.steady_peak / parts["total"],
+        "mem/measured_over_estimate": peak / parts["total"],
     }
     figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
     return figures
 
 
-def collect(
-    cfg: DictConfig,
-    model,
-    optimizer,
-    spec,
-    history: History,
-    build_peak: int,
-    device_name: str,
-    jit: bool,
-) -> tuple[dict[str, float], str]:
+def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], str]:
+    flops = estimate.model_flops_per_step(facts.model, cfg, facts.spec)
+    hardware = estimate.hardware_flops_per_step(flops, facts.model, cfg, facts.spec, facts.remat)
+    peak, source = estimate.peak_flops(facts.device_name, cfg.precision.policy, CACHE_DIR)
+    return {
+        "speed/flops_per_step": flops,
+        "speed/hardware_flops_per_step": hardware,  # with checkpointing's recomputation
+        "speed/peak_flops": peak,
+        "speed/mfu": estimate.mfu(flops, step_time_s, peak),
+        "speed/hfu": estimate.mfu(hardware, step_time_s, peak),
+    }, source
+
+
+def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], str]:
     """Every figure of the run, keyed as in the contract, and where the peak FLOP/s came from."""
     samples = cfg.data.batch_size * cfg.accum
-    tokens = samples * spec.seq_len if spec.kind == "tokens" else None
+    tokens = samples * facts.spec.seq_len if facts.spec.kind == "tokens" else None
     # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
-    cpu_xla = jit and "GPU" not in device_name.upper() and "NVIDIA" not in device_name
-    figures = {
-        **_params(model),
-        **_memory(cfg, model, optimizer, spec, history, build_peak, cpu_xla),
-    }
+    name = facts.device_name
+    cpu_xla = facts.jit and "GPU" not in name.upper() and "NVIDIA" not in name
+    history = facts.history
+    figures = {**_params(facts.model), **_memory(cfg, facts, cpu_xla)}
     figures.update(speed_figures(history.wait_s, history.compute_s, samples, tokens))
-    flops = estimate.model_flops_per_step(model, cfg, spec)
-    peak, peak_source = estimate.peak_flops(device_name, cfg.precision.policy, CACHE_DIR)
-    figures["speed/flops_per_step"] = flops
-    figures["speed/peak_flops"] = peak
-    figures["speed/mfu"] = estimate.mfu(flops, figures["speed/step_time_s_p50"], peak)
+    flops, peak_source = _flops(cfg, facts, figures["speed/step_time_s_p50"])
+    figures.update(flops)
     figures["train/final_loss"] = history.losses[-1]
+    if facts.remat.segments:
+        figures["remat/segments"] = facts.remat.segments
+    if cfg.precision.loss_scaling:
+        figures["precision/skipped_steps"] = history.skipped_steps
     return figures, peak_source
 
 

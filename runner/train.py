@@ -13,7 +13,7 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import device, precision, report
+from runner import checkpointing, device, precision, report
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
@@ -123,7 +123,8 @@ def run(cfg: DictConfig) -> dict:
         mem = Memory(dev)
         mem.reset()
         data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
-        model = build_model(cfg, data.spec)
+        built = build_model(cfg, data.spec)
+        model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
         total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
         optimizer = precision.wrap_optimizer(build_optimizer(cfg, total_steps), cfg)
         optimizer.build(model.trainable_variables)
@@ -135,14 +136,14 @@ def run(cfg: DictConfig) -> dict:
                 "replicas": replicas,
                 "params_total": model.count_params(),
                 "total_steps": total_steps,
+                "remat/policy": remat.policy,
             }
         )
         history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit)
-        figures, peak_source = report.collect(
-            cfg, model, optimizer, data.spec, history, build_peak, device.describe(dev, gpus), jit
+        facts = report.RunFacts(
+            built, optimizer, data.spec, history, build_peak, device.describe(dev, gpus), jit, remat
         )
-        if cfg.precision.loss_scaling:
-            figures["precision/skipped_steps"] = history.skipped_steps
+        figures, peak_source = report.collect(cfg, facts)
         report.publish(
             tracker,
             figures,

@@ -5,11 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from runner.cli import CONF_DIR
-from runner.config import register_configs
+from runner.config import compose_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,12 +26,6 @@ TINY = {
 }
 TINY_DATA = ["data.batch_size=4", "data.train_samples=32", "data.val_samples=8"]
 TINY_TRAINER = ["trainer.max_steps=3", "trainer.progress=false"]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
 
 
 def tiny_overrides(model: str = "transformer", store: str | None = None) -> list[str]:

@@ -15,12 +15,14 @@ def _run_and_fetch(cfg, store):
 
 
 @pytest.mark.parametrize("model", ["transformer", "mobilenet", "efficientnet"])
-def test_each_family_trains_and_is_recorded(model, tiny_cfg, store):
-    result, client, mlrun = _run_and_fetch(tiny_cfg(model), store)
+def test_each_family_trains_and_is_recorded(model, tiny_cfg, store, capsys):
+    result, client, mlrun = _run_and_fetch(tiny_cfg(model, "accum=2"), store)
     assert mlrun.info.status == "FINISHED"
     params = mlrun.data.params
-    assert params["model.name"] == model and params["accum"] == "1"
-    assert params["effective_batch_size"] == "4"
+    assert params["model.name"] == model and params["accum"] == "2"
+    assert params["effective_batch_size"] == "8" and params["replicas"] == "1"
+    # BatchNorm models are told their statistics follow micro-batches, not the effective batch.
+    assert ("BatchNorm" in capsys.readouterr().err) == (model != "transformer")
     assert int(params["params_total"]) == result["params/total"] > 0
     history = client.get_metric_history(mlrun.info.run_id, "train/loss")
     assert [m.step for m in history] == [1, 2, 3]  # once per optimizer step
@@ -51,9 +53,18 @@ def test_accum_logs_once_per_optimizer_step(tiny_cfg, store):
 @pytest.mark.parametrize("precision", ["mixed", "bf16"])
 def test_precision_policy_is_restored_after_run(precision, tiny_cfg, store):
     before = keras.config.dtype_policy().name
-    result, _, mlrun = _run_and_fetch(tiny_cfg("transformer", f"precision={precision}"), store)
+    result, client, mlrun = _run_and_fetch(tiny_cfg("transformer", f"precision={precision}"), store)
     assert mlrun.info.status == "FINISHED"
     assert keras.config.dtype_policy().name == before
+    assert mlrun.data.params["precision.policy"] in ("mixed_float16", "mixed_bfloat16")
+    scales = client.get_metric_history(mlrun.info.run_id, "precision/loss_scale")
+    if precision == "mixed":  # float16: dynamic loss scale per step, skipped steps counted
+        assert [m.step for m in scales] == [1, 2, 3]
+        values = [2.0**15] + [m.value for m in scales]  # starts at 2^15; halves on each skip
+        drops = sum(b < a for a, b in zip(values, values[1:], strict=False))
+        assert mlrun.data.metrics["precision/skipped_steps"] == drops
+    else:  # bfloat16 has float32's range: no loss scaling
+        assert scales == [] and "precision/skipped_steps" not in mlrun.data.metrics
 
 
 def test_max_steps_null_trains_epochs(tiny_cfg):

@@ -1,0 +1,16 @@
+"""python -m runner.bench NAME [overrides...]: see runner/bench/__init__.py."""
+
+import importlib
+import sys
+
+BENCHES = ("overhead", "memory", "precision_accum", "gpu_check")
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in BENCHES:
+        raise SystemExit(f"usage: python -m runner.bench {{{','.join(BENCHES)}}} [overrides...]")
+    importlib.import_module(f"runner.bench.{argv[0]}").main(argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,85 @@
+"""The runner's own loop vs plain model.fit: same model, data and XLA setting, one process."""
+
+import statistics
+import tempfile
+import time
+
+from runner.bench import compose_config, table
+
+# Moderate transformer: big enough that per-step overheads would show, small enough for 2 cores.
+OVERHEAD_MODEL = [
+    "model.h=256",
+    "model.layers=4",
+    "data.seq_len=128",
+    "data.batch_size=16",
+    "data.vocab_size=256",
+    "trainer.progress=false",
+]
+
+
+def _timed_rounds(fn, rounds: int) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main(extra: list[str], steps: int = 20, rounds: int = 5) -> float:
+    """Runner loop vs model.fit on the same model, data and XLA setting, alternating rounds."""
+    import keras
+
+    from runner.data import build_data
+    from runner.loop import train
+    from runner.step import build_optimizer, make_train_step, resolve_jit
+    from runner.telemetry import Memory
+    from runner.tracking import Tracker, client_for
+    from runner.train import build_model
+
+    cfg = compose_config(OVERHEAD_MODEL + extra)
+    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu=False)
+    keras.utils.set_random_seed(0)
+    data = build_data(cfg, image_model=False)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    ours, theirs = build_model(cfg, data.spec), build_model(cfg, data.spec)
+    theirs.set_weights(ours.get_weights())
+    optimizer = build_optimizer(cfg)
+    optimizer.build(ours.trainable_variables)
+    step = make_train_step(ours, optimizer, loss_fn, 1, jit)
+    theirs.compile(optimizer=build_optimizer(cfg), loss=loss_fn, jit_compile=jit)
+    fit_data = data.train.map(lambda xs, ys: (xs[0], ys[0]))  # drop the accum axis (accum=1)
+    with tempfile.TemporaryDirectory() as tmp:  # the runner logs every step, as in a real run
+        client = client_for(f"sqlite:///{tmp}/mlflow.db")
+        tracker = Tracker(client, client.create_run(client.create_experiment("bench")).info.run_id)
+        mem = Memory("/CPU:0")
+
+        def runner_round():
+            train(step, lambda: {}, data, steps, tracker, 0, False, mem)
+            tracker.flush()
+
+        def fit_round():
+            theirs.fit(fit_data, steps_per_epoch=steps, epochs=1, verbose=0)
+
+        runner_round(), fit_round()  # trace and compile both before timing
+        runner_times, fit_times = [], []
+        for _ in range(rounds):
+            runner_times += _timed_rounds(runner_round, 1)
+            fit_times += _timed_rounds(fit_round, 1)
+    ours_s, fit_s = statistics.median(runner_times) / steps, statistics.median(fit_times) / steps
+    ratio = ours_s / fit_s
+    print(
+        f"overhead: transformer h=256 x4 layers, batch 16 x 128 tokens, XLA={jit}, "
+        f"{rounds} alternating rounds of {steps} steps"
+    )
+    print(
+        table(
+            [
+                {"path": "runner loop", "step_s_median": ours_s},
+                {"path": "model.fit", "step_s_median": fit_s},
+            ],
+            ["path", "step_s_median"],
+        )
+    )
+    print(f"runner / model.fit step time = {ratio:.3f} (target <= 1.03)")
+    return ratio

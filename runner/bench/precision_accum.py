@@ -1,0 +1,91 @@
+"""fp32 / mixed / bf16 x accum 1 / 4 on the CPU, for the transformer and MobileNetV2.
+
+Targets (issue 4): peak(batch 8, accum 4) <= 1.15 x peak(batch 8, accum 1) + the
+accumulator's bytes, and <= 0.6 x peak(batch 32, accum 1): accumulation buys a large
+effective batch for about the memory of a small one.
+"""
+
+from runner.bench import mib, run_jobs, table
+from runner.precision import cpu_note
+
+MODELS = {
+    "transformer": ["model=transformer", "model.h=128", "model.layers=4", "data.seq_len=128"],
+    # 96x96 keeps MobileNetV2 (alpha 1.0) to seconds a step on 2 cores, float16 included.
+    "mobilenet": ["model=mobilenet", "model.version=v2", "data.image_size=96"],
+}
+PRECISIONS = ("fp32", "mixed", "bf16")
+SHAPES = {"b8 accum1": (8, 1), "b8 accum4": (8, 4), "b32 accum1": (32, 1)}
+
+
+def _jobs(steps: int) -> dict[str, list[str]]:
+    return {
+        f"{model} {precision} {shape}": [
+            *overrides,
+            f"precision={precision}",
+            f"data.batch_size={b}",
+            f"accum={k}",
+            f"trainer.max_steps={steps}",
+            "data.train_samples=512",
+        ]
+        for model, overrides in MODELS.items()
+        for precision in PRECISIONS
+        for shape, (b, k) in SHAPES.items()
+    }
+
+
+def _row(name: str, r: dict) -> dict:
+    return {
+        "job": name,
+        "peak_MiB": mib(r["mem/peak_bytes"]),
+        "accumulator_MiB": mib(r["mem/estimate/accumulation_bytes"]),
+        "step_s": r["speed/step_time_s_p50"],
+        "samples_per_s": r["speed/samples_per_s"],
+    }
+
+
+def _accum_line(results: dict, model: str, precision: str) -> str:
+    small, acc, big = (results[f"{model} {precision} {s}"] for s in SHAPES)
+    ratio_small = acc["mem/peak_bytes"] / small["mem/peak_bytes"]
+    allowed = 1.15 + acc["mem/estimate/accumulation_bytes"] / small["mem/peak_bytes"]
+    ratio_big = acc["mem/peak_bytes"] / big["mem/peak_bytes"]
+    ok = ratio_small <= allowed and ratio_big <= 0.6
+    return (
+        f"{model:11s} {precision:5s} peak(b8,accum4)/peak(b8,accum1) = {ratio_small:.2f} "
+        f"(target <= {allowed:.2f} incl. accumulator)   peak(b8,accum4)/peak(b32,accum1) = "
+        f"{ratio_big:.2f} (target <= 0.6)   {'ok' if ok else 'MISSED'}"
+    )
+
+
+def _precision_line(results: dict, model: str) -> str:
+    base = results[f"{model} fp32 b8 accum1"]
+    parts = []
+    for precision in ("mixed", "bf16"):
+        r = results[f"{model} {precision} b8 accum1"]
+        parts.append(
+            f"{precision}/fp32 peak {r['mem/peak_bytes'] / base['mem/peak_bytes']:.2f}, "
+            f"step {r['speed/step_time_s_p50'] / base['speed/step_time_s_p50']:.2f}"
+        )
+    return f"{model:11s} at b8 accum1: " + "; ".join(parts)
+
+
+def main(extra: list[str], steps: int = 6) -> dict[str, dict]:
+    results = run_jobs(_jobs(steps), extra)
+    print(
+        table(
+            [_row(n, r) for n, r in results.items()],
+            ["job", "peak_MiB", "accumulator_MiB", "step_s", "samples_per_s"],
+        )
+    )
+    print("\nGradient accumulation:")
+    for model in MODELS:
+        for precision in PRECISIONS:
+            print(_accum_line(results, model, precision))
+    print("\nPrecision (ratios to fp32; a GPU figure is the one that matters, see why below):")
+    for model in MODELS:
+        print(_precision_line(results, model))
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            print(f"why: {cpu_note(policy)}")
+    return results
