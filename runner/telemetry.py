@@ -6,10 +6,12 @@ allocator keeps no stats; shared GUIDE). Where neither is available the process'
 resident set is the fallback, and `mem/source` says which one a figure came from.
 """
 
+import gc
 import re
 from pathlib import Path
 
 import numpy as np
+import psutil
 import tensorflow as tf
 
 
@@ -28,13 +30,22 @@ def _reset_hwm() -> None:
 
 
 class Memory:
-    """Tensor-level peak and current bytes of one device, reset per phase."""
+    """Tensor-level peak and current bytes of one device, reset per phase.
+
+    Figures are counted from a baseline taken at construction (the start of a job), so a job
+    run in-process after others (a sequential Hydra sweep) is not charged for what they
+    left allocated: TensorFlow never hands memory back to the OS, but its allocator
+    statistics do count frees, so job-relative figures stay comparable (issue 7).
+    """
 
     def __init__(self, device: str, source: str | None = None):
         self.key = device.lstrip("/")  # get_memory_info wants "GPU:0", not "/GPU:0"
         self.source = source or ("gpu_allocator" if "GPU" in self.key else "cpu_bfc_allocator")
         if self.source != "rss" and not self._allocator_counts():
             self.source = "rss"
+        gc.collect()  # drop what earlier jobs no longer reference before taking the baseline
+        self.baseline = 0
+        self.baseline = self.current()
 
     def _allocator_counts(self) -> bool:
         """Whether the allocator keeps stats (without TF_CPU_ALLOCATOR_USE_BFC the CPU's raised
@@ -53,13 +64,13 @@ class Memory:
 
     def peak(self) -> int:
         if self.source == "rss":
-            return _read_hwm()
-        return int(tf.config.experimental.get_memory_info(self.key)["peak"])
+            return _read_hwm() - self.baseline
+        return int(tf.config.experimental.get_memory_info(self.key)["peak"]) - self.baseline
 
     def current(self) -> int:
         if self.source == "rss":
-            return _read_hwm()
-        return int(tf.config.experimental.get_memory_info(self.key)["current"])
+            return psutil.Process().memory_info().rss - self.baseline
+        return int(tf.config.experimental.get_memory_info(self.key)["current"]) - self.baseline
 
     @staticmethod
     def peak_rss() -> int:

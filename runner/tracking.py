@@ -7,6 +7,7 @@ so the runner sets the status itself: FINISHED, or FAILED with the error as a ta
 """
 
 import contextlib
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -66,7 +67,7 @@ class Tracker:
             self.client.log_artifact(self.run_id, str(path))
 
 
-def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
+def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
@@ -83,12 +84,38 @@ def client_for(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
+PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by runner.sweep for the jobs of a sweep
+
+
+def failure_kind(err: BaseException) -> str:
+    """oom | nan | error: what made a job fail, as the `failure` tag (issue 7)."""
+    if type(err).__name__ == "ResourceExhaustedError":  # tf.errors, without importing TF
+        return "oom"
+    if isinstance(err, FloatingPointError):  # raised by runner/loop.py on a non-finite loss
+        return "nan"
+    return "error"
+
+
+def _sweep_tags() -> dict[str, str]:
+    """Tags that make a sweep's job a child of the sweep's parent run, with its job number."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return {}
+    from hydra.core.hydra_config import HydraConfig
+
+    tags = {"mlflow.parentRunId": parent, "sweep_id": parent}
+    if HydraConfig.initialized():
+        tags["job_num"] = str(HydraConfig.get().job.num)
+    return tags
+
+
 @contextlib.contextmanager
 def mlflow_run(cfg: DictConfig, run_name: str):
     """Open a run, yield a Tracker, and close the run FINISHED or FAILED (then re-raise)."""
     uri = cfg.mlflow.tracking_uri
     client = client_for(uri)
-    run = client.create_run(_experiment_id(client, cfg.mlflow.experiment, uri), run_name=run_name)
+    experiment = experiment_id(client, cfg.mlflow.experiment, uri)
+    run = client.create_run(experiment, run_name=run_name, tags=_sweep_tags())
     tracker = Tracker(client, run.info.run_id)
     monitor = _system_metrics(cfg, run.info.run_id)
     try:
@@ -96,7 +123,9 @@ def mlflow_run(cfg: DictConfig, run_name: str):
     except BaseException as err:
         with contextlib.suppress(Exception):  # never let logging hide the real error
             tracker.flush()
-            tracker.set_tags({"error": f"{type(err).__name__}: {err}"[:5000]})
+            tracker.set_tags(
+                {"error": f"{type(err).__name__}: {err}"[:5000], "failure": failure_kind(err)}
+            )
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
         client.set_terminated(run.info.run_id, status=status)
         raise

@@ -1,0 +1,157 @@
+"""Sweeps as one comparable experiment: parent and child runs, failures, the report, and
+memory figures that do not depend on the jobs before them."""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runner import compare
+from runner.train import run
+from tests.conftest import TINY, TINY_DATA, run_cli
+
+TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3"]
+REPORT = {
+    "report/comparison.csv",
+    "report/comparison.md",
+    "report/pareto.png",
+    "report/bar_peak_MiB.png",
+}
+
+
+def _sweep(store: str):
+    """(parent, children in job order) of the one sweep in the store."""
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tfmemlab")
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("sweep") == "parent"]
+    children = compare.sweep_runs(client, parent.info.run_id)
+    return client, parent, children
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on 127.0.0.1 with a temp SQLite store."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):  # bounded wait for the server to answer
+            try:
+                if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not start")
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_sweep_against_an_mlflow_server(tmp_path, mlflow_server):
+    result = run_cli(
+        ["-m", "precision=fp32,bf16", *TINY_ARGS],
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": mlflow_server},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client, parent, children = _sweep(mlflow_server)
+    assert parent.info.status == "FINISHED"
+    assert [c.data.tags["job_num"] for c in children] == ["0", "1"]
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert [c.info.run_name.split()[0] for c in children] == ["precision=fp32", "precision=bf16"]
+    assert [c.data.params["precision.policy"] for c in children] == ["float32", "mixed_bfloat16"]
+    assert all(c.data.metrics["mem/peak_bytes"] > 0 for c in children)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert REPORT <= artifacts
+    assert "peak_MiB/base" in result.stdout  # the table printed at the end of the sweep
+
+
+def test_joblib_workers_share_one_sqlite_store(tmp_path, store):
+    result = run_cli(
+        [
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            "precision=fp32,bf16",
+            *TINY_ARGS,
+        ],
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": store},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, parent, children = _sweep(store)
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
+
+
+def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
+    result = run_cli(
+        ["-m", "trainer.optimizer=sgd", "trainer.lr=0.01,1e30", *TINY_ARGS],
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": store},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "failed (nan)" in result.stderr
+    client, parent, children = _sweep(store)
+    assert [c.info.status for c in children] == ["FINISHED", "FAILED"]
+    assert children[1].data.tags["failure"] == "nan" and children[1].data.tags["error"]
+    assert parent.data.tags["failed_jobs"] == "1"
+    # The terminal comparison reads the same runs.
+    rows = compare.main(["--sweep", parent.info.run_id, "--tracking-uri", store])
+    assert [r["status"] for r in rows] == ["FINISHED", "FAILED"]
+    assert rows[0]["peak_MiB/base"] == 1.0 and "FAILED" in capsys.readouterr().out
+
+
+def test_in_process_jobs_do_not_inherit_memory(tiny_cfg):
+    # Tens of MiB, so that the process's one-time allocations (< 1 MiB) stay under 5%.
+    small = [
+        "model.h=128",
+        "model.layers=2",
+        "data.seq_len=64",
+        "data.batch_size=16",
+        "data.vocab_size=128",
+    ]
+    first = run(tiny_cfg("transformer", *small))["mem/peak_bytes"]
+    run(
+        tiny_cfg(
+            "transformer",
+            "model.h=256",
+            "model.layers=2",
+            "data.seq_len=64",
+            "data.batch_size=32",
+            "data.vocab_size=128",
+        )
+    )
+    again = run(tiny_cfg("transformer", *small))["mem/peak_bytes"]
+    assert again == pytest.approx(first, rel=0.05)
