@@ -20,6 +20,7 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every")
+PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")
 
@@ -75,7 +76,18 @@ class CheckpointingConfig:
 
 @dataclass
 class PruningConfig:
-    schedule: str = "none"
+    """Steps are optimizer steps completed (tfmot's step); runner/pruning.py has the details."""
+
+    schedule: str = "none"  # none | constant | polynomial | m_by_n
+    target_sparsity: float = 0.5  # constant, polynomial: fraction of each kernel set to zero
+    initial_sparsity: float = 0.0  # polynomial: the sparsity at begin_step
+    begin_step: int = 0  # the first mask update
+    end_step: int | None = None  # polynomial reaches target_sparsity here; null: the last step
+    frequency: int = 100  # steps between mask updates (tfmot's default)
+    m: int = 2  # m_by_n: keep the m largest of every n consecutive weights along the input axis
+    n: int = 4
+    include: list[str] = field(default_factory=list)  # regexes on variable paths; []: default
+    exclude: list[str] = field(default_factory=list)  # regexes on variable paths to leave dense
 
 
 @dataclass
@@ -315,18 +327,44 @@ def _validate_trainer(cfg: DictConfig) -> None:
     )
 
 
+def check_pruning_steps(pruning, total_steps: int) -> None:
+    """begin_step and end_step must fall before the run's last optimizer step, so the masks
+    reach their target while the run still trains; also called once total_steps is known."""
+    last = total_steps - 1
+    for key in ("begin_step", "end_step"):
+        value = pruning[key]
+        allowed = f"a step <= {last} (the run has {total_steps} optimizer steps)"
+        _require(value is None or value <= last, f"pruning.{key}", value, allowed)
+
+
+def _validate_pruning(cfg: DictConfig) -> None:
+    p = cfg.pruning
+    _check_choice(cfg, "pruning.schedule", PRUNING_SCHEDULES)
+    for key in ("target_sparsity", "initial_sparsity"):
+        _require(0.0 <= p[key] < 1.0, f"pruning.{key}", p[key], "a number in [0, 1)")
+    _check_min(cfg, "pruning.begin_step", 0)
+    _check_min(cfg, "pruning.frequency", 1)
+    _check_min(cfg, "pruning.m", 1)
+    _require(p.n > p.m, "pruning.n", p.n, f"a group size > pruning.m={p.m}")
+    end = p.end_step
+    _require(end is None or end >= p.begin_step, "pruning.end_step", end, "null or >= begin_step")
+    for key in ("include", "exclude"):
+        for pattern in p[key]:
+            try:
+                re.compile(pattern)
+            except re.error:
+                raise ConfigError(f"pruning.{key}", pattern, "regular expressions") from None
+    if p.schedule != "none" and cfg.trainer.max_steps is not None:
+        check_pruning_steps(p, cfg.trainer.max_steps)
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
     _check_min(cfg, "accum", 1)
     _check_choice(cfg, "precision.policy", POLICIES)
     _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
     _check_min(cfg, "checkpointing.every", 1)
-    _require(
-        cfg.pruning.schedule == "none",
-        "pruning.schedule",
-        cfg.pruning.schedule,
-        "none (pruning is not built yet)",
-    )
+    _validate_pruning(cfg)
     _validate_model(cfg)
     _validate_data(cfg)
     _validate_trainer(cfg)

@@ -17,6 +17,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from runner import pruning
 from runner.checkpointing import RematInfo, segment_length
 
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
@@ -148,9 +149,8 @@ def estimate_memory(
         activations, workspace = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo()
         )
-    # One float32 mask per kernel (Dense, EinsumDense, Conv, depthwise kernels): their
-    # variable names end in "kernel"; embeddings, biases and norms are not pruned.
-    kernels = [v for v in trainable if v.name.endswith("kernel")]
+    # One float32 mask per pruned kernel, chosen as runner/pruning.py chooses them.
+    kernels = pruning.select_kernels(model, cfg) if cfg.pruning.schedule != "none" else []
     parts = {
         "params": _nbytes(model.weights),
         "gradients": _float32_bytes(trainable),
@@ -160,7 +160,7 @@ def estimate_memory(
         # runner/step.py sums micro-batch gradients: one running float32 sum beside the
         # current micro-batch's gradients.
         "accumulation": _float32_bytes(trainable) if cfg.accum > 1 else 0,
-        "masks": _float32_bytes(kernels) if cfg.pruning.schedule != "none" else 0,
+        "masks": _float32_bytes(kernels),
         "activations": activations,
         "workspace": workspace,
     }

@@ -52,16 +52,21 @@ def train(
     progress: bool,
     mem: Memory,
     step_metrics=None,
+    before_step=None,
 ) -> History:
     """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end).
 
     step_metrics: optional callable returning extra per-step metrics (the loss scale).
+    before_step: optional callable given the optimizer steps done so far, run between steps
+    and outside their timing (pruning's mask updates).
     """
     history = History()
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
     iterator = iter(data.train)
     mem.reset()
     for step in range(1, total_steps + 1):
+        if before_step is not None:
+            before_step(step - 1)
         start = time.perf_counter()
         xs, ys = next(iterator)
         fetched = time.perf_counter()

@@ -24,7 +24,10 @@ def resolve_jit(flag: str, model_name: str, on_gpu: bool) -> bool:
     return flag == "true"
 
 
-def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool):
+def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, after_update=None):
+    """after_update: optional callable traced in right after optimizer.apply (pruning's
+    apply_masks). It runs once per optimizer step, i.e. only after real updates when
+    accum > 1; after an update skipped for float16 overflow it finds the weights unchanged."""
     variables = model.trainable_variables
     scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
 
@@ -48,6 +51,8 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool):
         # then skips the whole update and lowers the scale; we return the flag to count skips.
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         optimizer.apply(grads, variables)
+        if after_update is not None:
+            after_update()
         return loss / accum, finite
 
     return train_step

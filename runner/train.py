@@ -1,6 +1,7 @@
 """`run(cfg) -> dict`: the whole pipeline, top to bottom.
 
-seed -> precision -> data -> model -> optimizer -> train loop -> evaluate -> report.
+seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
+train loop -> evaluate -> report.
 """
 
 import importlib
@@ -13,7 +14,7 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import checkpointing, device, precision, report
+from runner import checkpointing, device, precision, pruning, report
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
@@ -63,6 +64,8 @@ def _summary(cfg, dev, history, figures, run_name, seconds) -> None:
         f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {final['val/loss']:.4f}"
         f"   val/accuracy {final['val/accuracy']:.4f}"
     )
+    if "prune/sparsity" in figures:
+        print(report.pruning_summary(figures))
     print(
         f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
         f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB)   step "
@@ -89,12 +92,14 @@ def _log_setup(tracker, cfg: DictConfig, overrides: list[str], dev: str, gpus, j
     )
 
 
-def _train(cfg: DictConfig, model, optimizer, data, total_steps: int, tracker, mem, jit):
-    """The compiled steps around the readable loop; evaluation and the loss scale as hooks."""
+def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, jit, pruner):
+    """The compiled steps around the readable loop; evaluation, the loss scale and pruning's
+    masks (updated between steps, applied after each update) as hooks."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     eval_step = make_eval_step(model, loss_fn, jit)
+    after_update = pruner.apply_masks if pruner else None
     return train(
-        make_train_step(model, optimizer, loss_fn, cfg.accum, jit),
+        make_train_step(model, optimizer, loss_fn, cfg.accum, jit, after_update),
         lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
         data,
         total_steps,
@@ -103,6 +108,7 @@ def _train(cfg: DictConfig, model, optimizer, data, total_steps: int, tracker, m
         cfg.trainer.progress,
         mem,
         precision.step_metrics(optimizer),
+        pruner.update_masks if pruner else None,
     )
 
 
@@ -124,8 +130,9 @@ def run(cfg: DictConfig) -> dict:
         mem.reset()
         data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
         built = build_model(cfg, data.spec)
-        model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
         total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+        pruner = pruning.build_pruner(built, cfg, total_steps)  # shares built's variables
+        model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg, total_steps), cfg)
         optimizer.build(model.trainable_variables)
         build_peak = mem.peak()
@@ -139,16 +146,18 @@ def run(cfg: DictConfig) -> dict:
                 "remat/policy": remat.policy,
             }
         )
-        history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit)
+        history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner)
         facts = report.RunFacts(
             built, optimizer, data.spec, history, build_peak, device.describe(dev, gpus), jit, remat
         )
         figures, peak_source = report.collect(cfg, facts)
+        run_dir = _run_dir(tracker.run_id)
+        figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
         report.publish(
             tracker,
             figures,
             history,
-            _run_dir(tracker.run_id),
+            run_dir,
             run_name,
             {"mem/source": mem.source, "speed/peak_source": peak_source},
         )
