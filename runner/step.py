@@ -39,13 +39,25 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
         grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)]
         return loss, grads
 
-    @tf.function(jit_compile=jit_compile)
-    def train_step(xs, ys):
-        loss, grads = micro_step(xs[0], ys[0])
-        for i in tf.range(1, accum):
+    def accumulate(xs, ys):
+        """Sum of the micro-batches' losses and gradients, one micro-batch at a time."""
+        loss = tf.constant(0.0)
+        grads = [tf.zeros(v.shape, tf.float32) for v in variables]
+        for i in tf.range(accum):
+            # Sequential iterations, all inside the loop: the micro-batches are independent,
+            # so the graph executor would otherwise run several at once (a first one outside
+            # the loop overlapped the loop, and tf.while_loop runs up to 10 iterations in
+            # parallel), holding several micro-batches' activations (measured: MobileNetV2
+            # without XLA, peak(b8, accum4) 1.57x peak(b8, accum1)).
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
             micro_loss, micro_grads = micro_step(xs[i], ys[i])
             grads = [a + b for a, b in zip(grads, micro_grads, strict=True)]
             loss += micro_loss
+        return loss, grads
+
+    @tf.function(jit_compile=jit_compile)
+    def train_step(xs, ys):
+        loss, grads = micro_step(xs[0], ys[0]) if accum == 1 else accumulate(xs, ys)
         grads = [g / accum for g in grads]
         # A non-finite gradient in any micro-batch makes the sum non-finite: LossScaleOptimizer
         # then skips the whole update and lowers the scale; we return the flag to count skips.
