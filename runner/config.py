@@ -149,6 +149,12 @@ class MlflowConfig:
 
 
 @dataclass
+class SweepConfig:
+    # The job the sweep's comparison divides by: a run name or job number; None: the first.
+    baseline: str | None = None
+
+
+@dataclass
 class Config:
     model: Any = MISSING
     precision: PrecisionConfig = MISSING
@@ -158,6 +164,7 @@ class Config:
     trainer: TrainerConfig = MISSING
     accum: int = 1
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"

@@ -154,4 +154,7 @@ def test_in_process_jobs_do_not_inherit_memory(tiny_cfg):
         )
     )
     again = run(tiny_cfg("transformer", *small))["mem/peak_bytes"]
-    assert again == pytest.approx(first, rel=0.05)
+    # Identical runs in one process varied by up to ~5% here (37.3-39.1 MB over four runs:
+    # thread scheduling decides which temporaries coexist); inheriting the larger job's
+    # memory (hundreds of MB) would be far outside this band.
+    assert again == pytest.approx(first, rel=0.10)
