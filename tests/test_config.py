@@ -9,19 +9,27 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.cli import CONF_DIR
-from runner.config import ConfigError, validate
+from runner.config import ConfigError, register_configs, validate
 from tests.conftest import REPO, compose_config, run_cli
 
 OPTIONS = sorted((p.parent.name, p.stem) for p in CONF_DIR.glob("*/*.yaml"))
 
 
+# Groups outside the default list: presets added with +group=option.
+ADDED_GROUPS = {"experiment", "variant"}
+
+
 def test_every_group_has_options():
     groups = {group for group, _ in OPTIONS}
-    assert groups == {"model", "precision", "checkpointing", "pruning", "data", "trainer"}
+    assert groups == {"model", "precision", "checkpointing", "pruning", "data", "trainer",
+                      *ADDED_GROUPS}
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_validates(group, option, tmp_path):
+    if group in ADDED_GROUPS:  # presets set keys of the other groups
+        validate(compose_config([f"+{group}={option}"]))
+        return
     overrides = [f"{group}={option}"]
     if option == "image_folder":
         overrides += ["model=mobilenet", f"data.path={tmp_path}"]
@@ -116,3 +124,16 @@ def test_command_line_check_does_not_import_tensorflow():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_memory_study_sweeps_every_variant():
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=memory_study"],
+                      return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    variants = cfg.hydra.sweeper.params["+variant"].split(",")
+    assert sorted(variants) == sorted(p.stem for p in (CONF_DIR / "variant").glob("*.yaml"))
+    assert cfg.model.name == "transformer" and cfg.mlflow.experiment == "memory_study"
