@@ -23,15 +23,19 @@ def cpu_note(policy: str) -> str | None:
     measured 16-bit peaks of 1.3-1.7x the float32 ones on a 2-core CPU (casts keep float32
     copies; XLA computes 16-bit in float32, shared GUIDE)."""
     if policy == "mixed_float16":
-        return ("precision=mixed on a CPU: float16 is emulated (about 14x slower per step than "
-                "float32 for MobileNetV2 without XLA here) and its casts keep float32 copies, so "
-                "peak memory does not fall (measured 1.3-1.6x float32). Its memory gain is a GPU "
-                "figure.")
+        return (
+            "precision=mixed on a CPU: float16 is emulated (about 14x slower per step than "
+            "float32 for MobileNetV2 without XLA here) and its casts keep float32 copies, so "
+            "peak memory does not fall (measured 1.3-1.6x float32). Its memory gain is a GPU "
+            "figure."
+        )
     if policy == "mixed_bfloat16":
         native = "has" if _cpu_has_bf16() else "lacks"
-        return (f"precision=bf16 on a CPU (this one {native} AVX512_BF16/AMX): TensorFlow's "
-                "casts keep float32 copies and XLA computes bfloat16 in float32, so peak memory "
-                "does not fall (measured 1.7x float32). Its memory gain is a GPU/TPU figure.")
+        return (
+            f"precision=bf16 on a CPU (this one {native} AVX512_BF16/AMX): TensorFlow's "
+            "casts keep float32 copies and XLA computes bfloat16 in float32, so peak memory "
+            "does not fall (measured 1.7x float32). Its memory gain is a GPU/TPU figure."
+        )
     return None
 
 

@@ -21,8 +21,15 @@ ADDED_GROUPS = {"experiment", "variant"}
 
 def test_every_group_has_options():
     groups = {group for group, _ in OPTIONS}
-    assert groups == {"model", "precision", "checkpointing", "pruning", "data", "trainer",
-                      *ADDED_GROUPS}
+    assert groups == {
+        "model",
+        "precision",
+        "checkpointing",
+        "pruning",
+        "data",
+        "trainer",
+        *ADDED_GROUPS,
+    }
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
@@ -131,8 +138,9 @@ def test_memory_study_sweeps_every_variant():
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["+experiment=memory_study"],
-                      return_hydra_config=True)
+        cfg = compose(
+            config_name="config", overrides=["+experiment=memory_study"], return_hydra_config=True
+        )
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     variants = cfg.hydra.sweeper.params["+variant"].split(",")
     assert sorted(variants) == sorted(p.stem for p in (CONF_DIR / "variant").glob("*.yaml"))
