@@ -152,6 +152,9 @@ class MlflowConfig:
 class SweepConfig:
     # The job the sweep's comparison divides by: a run name or job number; None: the first.
     baseline: str | None = None
+    # Each job in a fresh process (memory figures of one job must not depend on the jobs
+    # before it); false: jobs run in the sweep's process, faster to start.
+    isolate: bool = True
 
 
 @dataclass

@@ -85,6 +85,7 @@ def client_for(uri: str) -> MlflowClient:
 
 
 PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by runner.sweep for the jobs of a sweep
+JOB_ENV = "TFMEMLAB_JOB_NUM"  # set by run.py for a sweep job it runs in a fresh process
 
 
 def failure_kind(err: BaseException) -> str:
@@ -104,7 +105,9 @@ def _sweep_tags() -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
 
     tags = {"mlflow.parentRunId": parent, "sweep_id": parent}
-    if HydraConfig.initialized():
+    if JOB_ENV in os.environ:  # a job run in a process of its own (run.py, sweep.isolate)
+        tags["job_num"] = os.environ[JOB_ENV]
+    elif HydraConfig.initialized():
         tags["job_num"] = str(HydraConfig.get().job.num)
     return tags
 
