@@ -10,6 +10,7 @@ Targets are checked here, by ratios of figures measured in the same run, not by 
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.
 """
 
+import multiprocessing
 import tempfile
 
 from runner.config import compose_config
@@ -30,20 +31,27 @@ def _fmt(value) -> str:
     return "-" if value is None else str(value)
 
 
-def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
-    """run(cfg) for each named job, in order, logged to a throw-away MLflow store."""
+def _run_one(overrides: list[str]) -> dict:
     from runner.train import run
 
+    return run(compose_config(overrides))
+
+
+def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
+    """run(cfg) for each named job, one at a time, each in a fresh process, logged to a
+    throw-away MLflow store. A fresh process per job: TensorFlow keeps memory for the life
+    of a process, and in-process jobs were measured charged for earlier ones."""
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    spawn = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp, spawn.Pool(1, maxtasksperchild=1) as pool:
         common = [
             f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
             "mlflow.experiment=bench",
             "trainer.progress=false",
         ]
         for name, overrides in jobs.items():
-            cfg = compose_config(overrides + extra + common + [f"mlflow.run_name='{name}'"])
-            results[name] = run(cfg)
+            job = overrides + extra + common + [f"mlflow.run_name='{name}'"]
+            results[name] = pool.apply(_run_one, (job,))
     return results
 
 
