@@ -47,22 +47,19 @@ def _float32_bytes(variables) -> int:
     return sum(math.prod(v.shape) * 4 for v in variables)
 
 
-# XLA on a CPU without native 16-bit math rewrites 16-bit ops to compute in float32 and keeps
-# converted copies beside the 16-bit tensors: `python -m runner.bench memory` measured bf16
-# peaks 1.3-1.7x the float32 ones at the same size on a 2-core CPU (issue 3). Estimated as a
-# 16-bit tensor plus its float32 copy per activation element.
-CPU_XLA_16BIT_BYTES = 2 + 4
+# XLA on a CPU without native 16-bit math computes 16-bit policies in float32 (shared GUIDE).
+# `python -m runner.bench precision_accum`, one process per job, measured the transformer's
+# peak under XLA at 1.00x float32 for bfloat16 (its activations kept as float32) and 1.87x for
+# float16 (float32 copies kept beside the float16 tensors). Bytes per activation element:
+CPU_XLA_BYTES = {"float32": 4, "mixed_bfloat16": 4, "mixed_float16": 2 + 4}
 
 
 def _activation_bytes(cfg, cpu_xla: bool) -> int:
-    """Bytes per activation element: the policy's compute dtype, or on the CPU-XLA path above
-    CPU_XLA_16BIT_BYTES for 16-bit policies."""
+    """Bytes per activation element: the policy's compute dtype, or what XLA on a CPU keeps."""
     policy = cfg.precision.policy
     if policy not in ACTIVATION_BYTES:
         raise ValueError(f"precision.policy={policy}: expected one of {sorted(ACTIVATION_BYTES)}")
-    if cpu_xla and ACTIVATION_BYTES[policy] == 2:
-        return CPU_XLA_16BIT_BYTES
-    return ACTIVATION_BYTES[policy]
+    return CPU_XLA_BYTES[policy] if cpu_xla else ACTIVATION_BYTES[policy]
 
 
 def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float) -> int:

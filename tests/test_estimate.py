@@ -242,11 +242,13 @@ def test_workspace_is_one_transformer_layer():
     assert parts["workspace"] == estimate.transformer_layer_bytes(8, 4, 16, 2, 4, 0.0)
 
 
-def test_cpu_xla_counts_16_bit_activations_with_their_float32_copies():
+def test_cpu_xla_counts_activations_as_xla_keeps_them_on_a_cpu():
     fp32 = estimate.estimate_memory(*built("transformer"), True)
-    bf16 = estimate.estimate_memory(*built("transformer", "precision=bf16"))
-    bf16_on_cpu_xla = estimate.estimate_memory(*built("transformer", "precision=bf16"), True)
     assert fp32 == estimate.estimate_memory(*built("transformer"))  # fp32: no conversions
+    bf16 = estimate.estimate_memory(*built("transformer", "precision=bf16"), True)
+    assert bf16["activations"] == fp32["activations"]  # computed and kept in float32
+    fp16 = estimate.estimate_memory(*built("transformer", "precision=mixed"))
+    fp16_cpu_xla = estimate.estimate_memory(*built("transformer", "precision=mixed"), True)
     head = 2 * 4 * 8 * 16 * 4  # float32 logits and softmax: the same on every path
-    assert bf16_on_cpu_xla["activations"] - head == 3 * (bf16["activations"] - head)
-    assert bf16_on_cpu_xla["workspace"] == 3 * bf16["workspace"]
+    assert fp16_cpu_xla["activations"] - head == 3 * (fp16["activations"] - head)  # 2 + 4 bytes
+    assert fp16_cpu_xla["workspace"] == 3 * fp16["workspace"]
