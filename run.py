@@ -32,6 +32,9 @@ def run_isolated(cfg: DictConfig) -> None:
         sys.executable,
         str(Path(__file__).resolve()),
         *hydra_cfg.overrides.task,
+        # A plain run: a preset that sets hydra.mode=MULTIRUN (experiment=memory_study)
+        # must not make the child sweep again.
+        "hydra.mode=RUN",
         f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
         f"mlflow.run_name='{name}'",
     ]
@@ -47,7 +50,10 @@ def run_isolated(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     # Imported here so that --help, --cfg and bad input answer before TensorFlow loads.
-    if HydraConfig.get().mode == RunMode.MULTIRUN and cfg.sweep.isolate:
+    from runner.tracking import JOB_ENV
+
+    in_child = JOB_ENV in os.environ  # already the fresh process of an isolated job
+    if HydraConfig.get().mode == RunMode.MULTIRUN and cfg.sweep.isolate and not in_child:
         run_isolated(cfg)
         return
     from runner.train import run

@@ -155,3 +155,29 @@ def test_a_jobs_peak_does_not_depend_on_the_jobs_before_it(tmp_path, store):
     peak = [r.data.metrics["mem/peak_bytes"] for r in (first, larger, again)]
     assert peak[1] > 2 * peak[0]  # the job in between really was larger
     assert peak[2] == pytest.approx(peak[0], rel=0.10)
+
+
+@pytest.mark.slow
+def test_memory_study_preset_runs_its_six_variants(tmp_path, store):
+    # The preset sets hydra.mode=MULTIRUN: each isolated job must run once, not sweep again.
+    tiny = [
+        "model.h=16",
+        "model.layers=2",
+        "model.heads=2",
+        "data.seq_len=8",
+        "data.vocab_size=16",
+        "data.train_samples=64",
+        "data.val_samples=8",
+        "trainer.max_steps=2",
+        f"mlflow.tracking_uri={store}",
+    ]
+    result = run_cli(["+experiment=memory_study", *tiny], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("memory_study").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("sweep") == "parent"]
+    children = [r for r in runs if r.data.tags.get("sweep") != "parent"]
+    assert len(parents) == 1 and len(children) == 6
+    assert all(r.info.status == "FINISHED" for r in children)
+    policies = sorted(r.data.params["precision.policy"] for r in children)
+    assert policies.count("float32") == 4 and "mixed_float16" in policies
