@@ -17,8 +17,9 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from runner.bench import table
+from runner.config import MlflowConfig
 
-DEFAULT_URI = "sqlite:///outputs/mlflow.db"
+DEFAULT_URI = MlflowConfig.tracking_uri  # the embedded default store, as in conf/
 # (column, metric key, scale); ratios to the baseline are added for the first three.
 FIGURES = [
     ("peak_MiB", "mem/peak_bytes", 1 / 2**20),
