@@ -116,9 +116,17 @@ def test_joblib_workers_share_one_sqlite_store(tmp_path, store):
     assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
 
 
-def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
+# Both ways a sweep runs its jobs: each in a fresh process (default) and in-process.
+@pytest.mark.parametrize("isolate", ["true", "false"])
+def test_failed_job_is_recorded_and_the_sweep_goes_on(isolate, tmp_path, store, capsys):
     result = run_cli(
-        ["-m", "trainer.optimizer=sgd", "trainer.lr=0.01,1e30", *TINY_ARGS],
+        [
+            "-m",
+            "trainer.optimizer=sgd",
+            "trainer.lr=0.01,1e30",
+            f"sweep.isolate={isolate}",
+            *TINY_ARGS,
+        ],
         cwd=tmp_path,
         env={"MLFLOW_TRACKING_URI": store},
     )
