@@ -4,7 +4,10 @@ One call is one optimizer step, whatever `accum` is, so optimizer.iterations, LR
 and `trainer.max_steps` all count optimizer steps (Keras's own gradient_accumulation_steps
 counts schedule steps in micro-batches; shared GUIDE). The micro-batches run in a
 tf.while_loop, not an unrolled Python loop, so one micro-batch's activations are dead
-before the next one's forward pass: peak memory stays that of one micro-batch.
+before the next one's forward pass: peak memory stays that of one micro-batch. Their
+gradients are added in place into one set of accumulator variables, each as soon as
+backprop produces it, so accumulation costs one copy of the trainable weights (float32)
+on top of a single micro-batch's step.
 """
 
 import keras
@@ -34,38 +37,51 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
     def micro_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-            scaled = scale_loss(loss)
-        # Embedding gradients arrive as IndexedSlices: densify before summing.
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)]
-        return loss, grads
+            # Each micro-batch contributes 1/accum of the mean gradient (exact for powers of
+            # two): the accumulated sum is the mean, with no divided copy of it afterwards.
+            scaled = scale_loss(loss / accum if accum > 1 else loss)
+        return loss, tape.gradient(scaled, variables)
+
+    # Accumulators as variables, updated with assign_add: a loop-carried sum was measured
+    # holding about three copies of the weights at once (old sum, new sum, micro-batch
+    # gradients; MobileNetV2 peak(b8, accum4) = peak(b8, accum1) + 3.1 accumulators).
+    sums = [
+        tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name="accum_sum")
+        for v in (variables if accum > 1 else [])
+    ]
 
     def accumulate(xs, ys):
-        """Sum of the micro-batches' losses and gradients, one micro-batch at a time."""
+        """Mean of the micro-batches' gradients, one micro-batch at a time."""
+        for s in sums:
+            s.assign(tf.zeros_like(s))
         loss = tf.constant(0.0)
-        grads = [tf.zeros(v.shape, tf.float32) for v in variables]
         for i in tf.range(accum):
-            # Sequential iterations, all inside the loop: the micro-batches are independent,
-            # so the graph executor would otherwise run several at once (a first one outside
-            # the loop overlapped the loop, and tf.while_loop runs up to 10 iterations in
+            # Sequential iterations: the micro-batches are independent, so the graph executor
+            # would otherwise run several at once (tf.while_loop runs up to 10 iterations in
             # parallel), holding several micro-batches' activations (measured: MobileNetV2
             # without XLA, peak(b8, accum4) 1.57x peak(b8, accum1)).
             tf.autograph.experimental.set_loop_options(parallel_iterations=1)
             micro_loss, micro_grads = micro_step(xs[i], ys[i])
-            grads = [a + b for a, b in zip(grads, micro_grads, strict=True)]
+            for s, g in zip(sums, micro_grads, strict=True):
+                # Embedding gradients arrive as IndexedSlices: add only their rows.
+                if isinstance(g, tf.IndexedSlices):
+                    s.scatter_add(g)
+                else:
+                    s.assign_add(g)
             loss += micro_loss
-        return loss, grads
+        return loss / accum, [s.value() for s in sums]
 
     @tf.function(jit_compile=jit_compile)
     def train_step(xs, ys):
         loss, grads = micro_step(xs[0], ys[0]) if accum == 1 else accumulate(xs, ys)
-        grads = [g / accum for g in grads]
+        grads = [tf.convert_to_tensor(g) for g in grads]
         # A non-finite gradient in any micro-batch makes the sum non-finite: LossScaleOptimizer
         # then skips the whole update and lowers the scale; we return the flag to count skips.
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         optimizer.apply(grads, variables)
         if after_update is not None:
             after_update()
-        return loss / accum, finite
+        return loss, finite
 
     return train_step
 
