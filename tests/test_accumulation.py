@@ -85,6 +85,16 @@ def test_accum_4x8_equals_1x32_float32(optimizer_name, lr):
     assert acc_loss == pytest.approx(big_loss, rel=1e-5)  # the mean over the micro-batches
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_each_step_starts_a_fresh_sum(jit):
+    """The accumulators persist between steps: a sum carried into the next step would show
+    from the second step on."""
+    big, big_loss, _ = _step_weights("sgd", accum=1, steps=3, jit=jit)
+    accumulated, acc_loss, _ = _step_weights("sgd", accum=4, steps=3, jit=jit)
+    assert_weights_close(accumulated, big, rtol=1e-5, atol=1e-7)
+    assert acc_loss == pytest.approx(big_loss, rel=1e-5)
+
+
 def test_accum_equivalence_under_xla():
     big, _, _ = _step_weights("adam", accum=1, lr=1e-3, jit=True)
     accumulated, _, _ = _step_weights("adam", accum=4, lr=1e-3, jit=True)
