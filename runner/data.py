@@ -2,8 +2,8 @@
 
 Each source (`synthetic`, `digits`, `image_folder`, named by `data.name`) gives raw
 examples, a `prepare` function run in the parallel map, and the `DataSpec` the model is
-built for. The training pipeline yields `accum` micro-batches at a time, shaped
-[accum, batch_size, ...], so one call of the compiled step is one optimizer step.
+built for. The training pipeline yields micro-batches of `data.batch_size`; the train step
+(runner/step.py) draws `accum` of them, one at a time, per optimizer step.
 """
 
 from collections.abc import Callable
@@ -31,7 +31,7 @@ class Source:
 
 @dataclass
 class Data:
-    train: tf.data.Dataset  # (inputs, targets), each [accum, batch_size, ...], repeated
+    train: tf.data.Dataset  # (inputs, targets), each [batch_size, ...], repeated
     val: tf.data.Dataset  # (inputs, targets), each [batch_size, ...], one pass
     spec: DataSpec
     train_size: int
@@ -141,7 +141,8 @@ SOURCES = {"synthetic": synthetic, "digits": digits, "image_folder": image_folde
 
 
 def build_data(cfg: DictConfig, image_model: bool) -> Data:
-    """The training and validation pipelines for `cfg.data`, `cfg.accum` micro-batches a step."""
+    """The training and validation pipelines for `cfg.data`; an epoch is `steps_per_epoch`
+    optimizer steps of `cfg.accum` micro-batches each."""
     seed, batch, accum = cfg.trainer.seed, cfg.data.batch_size, cfg.accum
     source = SOURCES[cfg.data.name](cfg, image_model, seed)
     steps_per_epoch = source.train_size // (batch * accum)
@@ -156,7 +157,6 @@ def build_data(cfg: DictConfig, image_model: bool) -> Data:
         .repeat()
         .map(source.prepare, num_parallel_calls=AUTOTUNE)
         .batch(batch, drop_remainder=True)
-        .batch(accum, drop_remainder=True)
         .prefetch(AUTOTUNE)
     )
     val = (

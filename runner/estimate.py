@@ -2,7 +2,7 @@
 
 The memory estimate is a model of what training keeps alive at its peak: weights, gradients,
 optimizer slots, the accumulation sum, pruning masks and one micro-batch's activations
-(runner/step.py runs micro-batches in a tf.while_loop, so only one micro-batch's activations
+(runner/step.py runs micro-batches one at a time, so only one micro-batch's activations
 live at a time). Its ratio to the measured peak says how much the framework adds or fuses.
 """
 

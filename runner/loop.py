@@ -1,7 +1,8 @@
 """The training loop: one readable loop over optimizer steps around the compiled step.
 
-Each step's wall time is split into the wait for data (`next(iterator)`) and compute
-(the step call, synchronised by reading the loss back), which model.fit does not expose.
+Each step's wall time is split into the wait for data (the `accum` calls of
+`next(iterator)` the step makes) and compute (the rest of the step, synchronised by reading
+the loss back), which model.fit does not expose.
 Memory is read per phase: the first step (tracing, XLA compilation) apart from the steady
 steps after it, and evaluation kept out of the training peak.
 """
@@ -63,17 +64,27 @@ def train(
     history = History()
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
     iterator = iter(data.train)
+    wait = [0.0]
+
+    def batches():
+        """The pipeline's micro-batches, the time spent waiting for each added to wait[0]."""
+        while True:
+            start = time.perf_counter()
+            batch = next(iterator)
+            wait[0] += time.perf_counter() - start
+            yield batch
+
+    micro_batches = batches()
     mem.reset()
     for step in range(1, total_steps + 1):
         if before_step is not None:
             before_step(step - 1)
+        wait[0] = 0.0
         start = time.perf_counter()
-        xs, ys = next(iterator)
-        fetched = time.perf_counter()
-        loss, finite = train_step(xs, ys)
+        loss, finite = train_step(micro_batches)
         loss = float(loss)  # reading the loss back waits for the step to finish
-        history.wait_s.append(fetched - start)
-        history.compute_s.append(time.perf_counter() - fetched)
+        history.wait_s.append(wait[0])
+        history.compute_s.append(time.perf_counter() - start - wait[0])
         history.losses.append(loss)
         history.skipped_steps += not bool(finite)
         history.current_bytes.append(mem.current())

@@ -1,14 +1,23 @@
 """The compiled optimizer step: `accum` micro-batches -> averaged gradient -> one update.
 
-One call is one optimizer step, whatever `accum` is, so optimizer.iterations, LR schedules
-and `trainer.max_steps` all count optimizer steps (Keras's own gradient_accumulation_steps
-counts schedule steps in micro-batches; shared GUIDE). The micro-batches run in a
-tf.while_loop, not an unrolled Python loop, so one micro-batch's activations are dead
-before the next one's forward pass: peak memory stays that of one micro-batch. Their
-gradients are added in place into one set of accumulator variables, each as soon as
-backprop produces it, so accumulation costs one copy of the trainable weights (float32)
-on top of a single micro-batch's step.
+One call of the train step is one optimizer step, whatever `accum` is, so
+optimizer.iterations, LR schedules and `trainer.max_steps` all count optimizer steps (Keras's
+own gradient_accumulation_steps counts schedule steps in micro-batches; shared GUIDE).
+
+With accum=1 the step is one compiled function: gradients, then the update. With accum=k it
+takes the k micro-batches one at a time from the input pipeline, each through one compiled
+call that adds its gradients in place into float32 accumulator variables, then applies the
+sum in one more compiled call. Only one micro-batch is ever materialised (its input,
+activations and gradients are dead before the next one is fetched) and the pipeline buffers
+micro-batches, exactly as with accum=1, so accumulation costs one float32 copy of the
+trainable weights on top of an accum=1 step. (Feeding the k micro-batches as one stacked
+[k, batch, ...] tensor to one compiled loop also held the stacked input and the pipeline's
+k-fold buffers: MobileNetV2 at 96x96, batch 8, accum 4, float32, peaked 6-14 MiB above accum
+1 plus the accumulator, against 0 one at a time; on a GPU that input would sit in device
+memory.)
 """
+
+from collections.abc import Iterator
 
 import keras
 import tensorflow as tf
@@ -28,13 +37,16 @@ def resolve_jit(flag: str, model_name: str, on_gpu: bool) -> bool:
 
 
 def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, after_update=None):
-    """after_update: optional callable traced in right after optimizer.apply (pruning's
+    """train_step(batches) -> (mean loss, finite): one optimizer step on the next `accum`
+    (inputs, targets) micro-batches drawn from the iterator `batches`.
+
+    after_update: optional callable traced in right after optimizer.apply (pruning's
     apply_masks). It runs once per optimizer step, i.e. only after real updates when
     accum > 1; after an update skipped for float16 overflow it finds the weights unchanged."""
     variables = model.trainable_variables
     scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
 
-    def micro_step(x, y):
+    def gradients(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
             # Each micro-batch contributes 1/accum of the mean gradient (exact for powers of
@@ -42,42 +54,7 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
             scaled = scale_loss(loss / accum if accum > 1 else loss)
         return loss, tape.gradient(scaled, variables)
 
-    # Accumulators as variables, updated with assign_add: a loop-carried sum was measured
-    # holding about three copies of the weights at once (old sum, new sum, micro-batch
-    # gradients; MobileNetV2 peak(b8, accum4) was peak(b8, accum1) + 3 to 3.7 accumulators).
-    sums = [
-        tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name="accum_sum")
-        for v in (variables if accum > 1 else [])
-    ]
-
-    def accumulate(xs, ys):
-        """Mean of the micro-batches' gradients, one micro-batch at a time."""
-        loss = tf.constant(0.0)
-        for i in tf.range(accum):
-            # Sequential iterations: the micro-batches are independent, so the graph executor
-            # would otherwise run several at once (tf.while_loop runs up to 10 iterations in
-            # parallel), holding several micro-batches' activations (measured: MobileNetV2
-            # without XLA, peak(b8, accum4) 1.57x peak(b8, accum1)).
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            micro_loss, micro_grads = micro_step(xs[i], ys[i])
-            # The first micro-batch overwrites last step's sum: no zeros to allocate (zeroing
-            # with zeros_like left ~6 MiB more resident after MobileNetV2 steps). One cond for
-            # all variables: one per variable added ~2 s to MobileNetV2's graph build.
-            if i == 0:
-                for s, g in zip(sums, micro_grads, strict=True):
-                    s.assign(tf.convert_to_tensor(g))
-            else:
-                for s, g in zip(sums, micro_grads, strict=True):
-                    if isinstance(g, tf.IndexedSlices):  # embeddings: add only their rows
-                        s.scatter_add(g)
-                    else:
-                        s.assign_add(g)
-            loss += micro_loss
-        return loss / accum, [s.value() for s in sums]
-
-    @tf.function(jit_compile=jit_compile)
-    def train_step(xs, ys):
-        loss, grads = micro_step(xs[0], ys[0]) if accum == 1 else accumulate(xs, ys)
+    def update(grads):
         grads = [tf.convert_to_tensor(g) for g in grads]
         # A non-finite gradient in any micro-batch makes the sum non-finite: LossScaleOptimizer
         # then skips the whole update and lowers the scale; we return the flag to count skips.
@@ -85,7 +62,56 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
         optimizer.apply(grads, variables)
         if after_update is not None:
             after_update()
-        return loss, finite
+        return finite
+
+    if accum == 1:
+
+        @tf.function(jit_compile=jit_compile)
+        def step(x, y):
+            loss, grads = gradients(x, y)
+            return loss, update(grads)
+
+        def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
+            return step(*next(batches))
+
+        return train_step
+
+    # Accumulators as variables, updated with assign_add: a loop-carried sum was measured
+    # holding about three copies of the weights at once (old sum, new sum, micro-batch
+    # gradients; MobileNetV2 peak(b8, accum4) was peak(b8, accum1) + 3 to 3.7 accumulators).
+    sums = [
+        tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name="accum_sum")
+        for v in variables
+    ]
+
+    @tf.function(jit_compile=jit_compile)
+    def add_micro_batch(x, y, first):
+        loss, grads = gradients(x, y)
+        # The first micro-batch overwrites last step's sum: no zeros to allocate (zeroing
+        # with zeros_like left ~6 MiB more resident after MobileNetV2 steps). One cond for
+        # all variables: one per variable added ~2 s to MobileNetV2's graph build.
+        if first:
+            for s, g in zip(sums, grads, strict=True):
+                s.assign(tf.convert_to_tensor(g))
+        else:
+            for s, g in zip(sums, grads, strict=True):
+                if isinstance(g, tf.IndexedSlices):  # embeddings: add only their rows
+                    s.scatter_add(g)
+                else:
+                    s.assign_add(g)
+        return loss
+
+    # The update in a call of its own, after the last micro-batch's activations are freed:
+    # its peak (MobileNetV2, 96x96, batch 8: ~50 MiB) stays far below a micro-batch's
+    # (~140 MiB). Fusing it into the last micro-batch's call was measured raising float32's
+    # peak by ~13 MiB; LossScaleOptimizer's unscaled copy of the sum is made here too.
+    @tf.function(jit_compile=jit_compile)
+    def apply_sum(losses):
+        return tf.add_n(losses) / accum, update([s.value() for s in sums])
+
+    def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
+        losses = [add_micro_batch(*next(batches), tf.constant(i == 0)) for i in range(accum)]
+        return apply_sum(losses)
 
     return train_step
 

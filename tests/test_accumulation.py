@@ -50,7 +50,7 @@ def _step_weights(
     x, y = _data()
     xs, ys = x.reshape(accum, 32 // accum, 8), y.reshape(accum, 32 // accum)
     for _ in range(steps):
-        loss, finite = step(tf.constant(xs), tf.constant(ys))
+        loss, finite = step(zip(tf.constant(xs), tf.constant(ys)))
     return {w.path: w.numpy() for w in model.trainable_weights}, float(loss), optimizer
 
 
@@ -109,6 +109,34 @@ def test_accum_equivalence_mixed_float16(policy):
     assert_weights_close(accumulated, big, rtol=1e-2, atol=1e-4)
 
 
+def test_a_step_draws_accum_micro_batches_one_at_a_time_in_order():
+    """The step pulls exactly accum micro-batches per optimizer step from the pipeline, in
+    order, and applies nothing when the pipeline runs dry mid-step."""
+    keras.utils.set_random_seed(0)
+    model = build_transformer(SPEC, h=16, layers=1, heads=2)
+    optimizer = build_optimizer(compose_config(["trainer.optimizer=sgd", "trainer.lr=0.05"]))
+    optimizer.build(model.trainable_variables)
+    x, y = _data()
+    expected = float(LOSS(y[:16], model(x[:16], training=True)))  # first step: 4 x 4 examples
+    step = make_train_step(model, optimizer, LOSS, 4, jit_compile=False)
+    drawn = []
+
+    def micro_batches():
+        for i in range(8):
+            drawn.append(i)
+            yield tf.constant(x[4 * i : 4 * i + 4]), tf.constant(y[4 * i : 4 * i + 4])
+
+    batches = micro_batches()
+    loss, _ = step(batches)
+    assert drawn == [0, 1, 2, 3]
+    assert float(loss) == pytest.approx(expected, rel=1e-5)  # mean over those four
+    step(batches)
+    assert drawn == list(range(8)) and int(optimizer.iterations.numpy()) == 2
+    with pytest.raises(StopIteration):
+        step(batches)
+    assert int(optimizer.iterations.numpy()) == 2  # no update from a partial set
+
+
 def test_updates_move_the_weights():
     """Guards the tests above: equal weights must not come from a step that does nothing."""
     keras.utils.set_random_seed(0)
@@ -138,14 +166,14 @@ def test_fp16_overflow_in_one_micro_batch_skips_the_whole_step(policy):
     poisoned[2, 0, 0] = 1e6  # beyond float16's 65504: inf in micro-batch 3 only
     start = {w.path: w.numpy() for w in model.trainable_weights}
 
-    _, finite = step(tf.constant(poisoned), tf.constant(ys))
+    _, finite = step(zip(tf.constant(poisoned), tf.constant(ys)))
     assert not bool(finite)
     for weight in model.trainable_weights:
         np.testing.assert_array_equal(start[weight.path], weight.numpy())  # no partial update
     assert float(optimizer.dynamic_scale.numpy()) == 512.0  # scale lowered
     assert int(optimizer.iterations.numpy()) == 0
 
-    _, finite = step(tf.constant(xs), tf.constant(ys))  # the next clean step applies in full
+    _, finite = step(zip(tf.constant(xs), tf.constant(ys)))  # the next clean step applies in full
     assert bool(finite) and int(optimizer.iterations.numpy()) == 1
     assert _max_rel_diff({w.path: w.numpy() for w in model.trainable_weights}, start) > 0
 
@@ -159,7 +187,7 @@ def test_lr_schedule_counts_optimizer_steps_not_micro_batches():
     step = make_train_step(model, optimizer, LOSS, 4, jit_compile=False)
     x, y = _data()
     for _ in range(3):
-        step(tf.constant(x.reshape(4, 8, 8)), tf.constant(y.reshape(4, 8)))
+        step(zip(tf.constant(x.reshape(4, 8, 8)), tf.constant(y.reshape(4, 8))))
     assert int(optimizer.iterations.numpy()) == 3
     expected = 0.1 * 0.5 * (1 + np.cos(np.pi * 3 / 10))  # cosine decay at step 3 of 10
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(expected, rel=1e-5)

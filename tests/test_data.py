@@ -16,7 +16,7 @@ def _first_batch(cfg, image_model):
 def test_synthetic_tokens_follow_the_next_token_rule():
     cfg = compose_config(tiny_overrides("transformer") + ["accum=3"])
     data, xs, ys = _first_batch(cfg, image_model=False)
-    assert xs.shape == (3, 4, 8) and ys.shape == (3, 4, 8)
+    assert xs.shape == (4, 8) and ys.shape == (4, 8)  # micro-batches; a step draws accum
     assert xs.dtype == np.int32
     # The target is the input shifted by one: the rule x[t+1] = 5 x[t] + 3 (mod vocab).
     np.testing.assert_array_equal(ys, (5 * xs + 3) % 16)
@@ -27,8 +27,8 @@ def test_synthetic_tokens_follow_the_next_token_rule():
 def test_synthetic_images_shapes_and_labels():
     cfg = compose_config(tiny_overrides("mobilenet") + ["accum=2", "data.num_classes=5"])
     data, xs, ys = _first_batch(cfg, image_model=True)
-    assert xs.shape == (2, 4, 32, 32, 3) and xs.dtype == np.float32
-    assert ys.shape == (2, 4) and set(np.unique(ys)) <= set(range(5))
+    assert xs.shape == (4, 32, 32, 3) and xs.dtype == np.float32
+    assert ys.shape == (4,) and set(np.unique(ys)) <= set(range(5))
     assert data.spec.input_shape == (32, 32, 3) and data.spec.num_classes == 5
 
 
@@ -47,10 +47,10 @@ def test_digits_real_data(model, image_model):
     data, xs, ys = _first_batch(cfg, image_model)
     assert data.train_size == 1797 - int(1797 * 0.2)
     if image_model:
-        assert xs.shape == (1, 16, 32, 32, 3) and 0.0 <= xs.min() and xs.max() <= 1.0
+        assert xs.shape == (16, 32, 32, 3) and 0.0 <= xs.min() and xs.max() <= 1.0
     else:
-        assert xs.shape == (1, 16, 64) and xs.max() <= 16
-    assert ys.shape == (1, 16) and set(np.unique(ys)) <= set(range(10))
+        assert xs.shape == (16, 64) and xs.max() <= 16
+    assert ys.shape == (16,) and set(np.unique(ys)) <= set(range(10))
     val_count = sum(int(y.shape[0]) for _, y in data.val)
     assert val_count == int(1797 * 0.2)
 
@@ -76,7 +76,7 @@ def test_image_folder_reads_class_subfolders(tmp_path):
     )
     data, xs, ys = _first_batch(cfg, image_model=True)
     assert data.spec.num_classes == 3 and data.train_size == 24
-    assert xs.shape == (1, 4, 32, 32, 3) and 0.0 <= xs.min() and xs.max() <= 1.0
+    assert xs.shape == (4, 32, 32, 3) and 0.0 <= xs.min() and xs.max() <= 1.0
     assert sum(int(y.shape[0]) for _, y in data.val) == 6
 
 
