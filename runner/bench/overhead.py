@@ -26,8 +26,16 @@ def _timed_rounds(fn, rounds: int) -> list[float]:
     return times
 
 
-def main(extra: list[str], steps: int = 20, rounds: int = 5) -> float:
-    """Runner loop vs model.fit on the same model, data and XLA setting, alternating rounds."""
+def main(extra: list[str], steps: int = 20, rounds: int = 12) -> float:
+    """Runner loop vs model.fit on the same model, data and XLA setting, alternating rounds.
+
+    On the 2-core machine whole rounds of either path were seen running ~1.7x slower (0.52
+    against 0.30 s per step) in episodes that come from outside the process: with 5 rounds
+    the ratio of medians ranged 0.65 to 1.68 between runs of the same code, and with 12 rounds
+    up to 8 of a path's rounds were slow. Interference only adds time, so the target is
+    checked on each path's fastest round (as timeit advises); the medians and the number of
+    slow rounds are printed beside it.
+    """
     import keras
 
     from runner.data import build_data
@@ -65,8 +73,9 @@ def main(extra: list[str], steps: int = 20, rounds: int = 5) -> float:
         for _ in range(rounds):
             runner_times += _timed_rounds(runner_round, 1)
             fit_times += _timed_rounds(fit_round, 1)
-    ours_s, fit_s = statistics.median(runner_times) / steps, statistics.median(fit_times) / steps
+    ours_s, fit_s = min(runner_times) / steps, min(fit_times) / steps
     ratio = ours_s / fit_s
+    median_ratio = statistics.median(runner_times) / statistics.median(fit_times)
     print(
         f"overhead: transformer h=256 x4 layers, batch 16 x 128 tokens, XLA={jit}, "
         f"{rounds} alternating rounds of {steps} steps"
@@ -74,11 +83,25 @@ def main(extra: list[str], steps: int = 20, rounds: int = 5) -> float:
     print(
         table(
             [
-                {"path": "runner loop", "step_s_median": ours_s},
-                {"path": "model.fit", "step_s_median": fit_s},
+                {
+                    "path": "runner loop",
+                    "step_s_fastest_round": ours_s,
+                    "step_s_median": statistics.median(runner_times) / steps,
+                },
+                {
+                    "path": "model.fit",
+                    "step_s_fastest_round": fit_s,
+                    "step_s_median": statistics.median(fit_times) / steps,
+                },
             ],
-            ["path", "step_s_median"],
+            ["path", "step_s_fastest_round", "step_s_median"],
         )
     )
-    print(f"runner / model.fit step time = {ratio:.3f} (target <= 1.03)")
+    for path, times in (("runner loop", runner_times), ("model.fit", fit_times)):
+        slow = sum(t > 1.3 * min(times) for t in times)
+        print(f"{path}: {slow} of {rounds} rounds over 1.3x its fastest round")
+    print(
+        f"runner / model.fit step time = {ratio:.3f} on the fastest rounds (target <= 1.03); "
+        f"{median_ratio:.3f} on the medians"
+    )
     return ratio
