@@ -50,7 +50,7 @@ def _step_weights(
     x, y = _data()
     xs, ys = x.reshape(accum, 32 // accum, 8), y.reshape(accum, 32 // accum)
     for _ in range(steps):
-        loss, finite = step(zip(tf.constant(xs), tf.constant(ys)))
+        loss, finite = step(zip(tf.constant(xs), tf.constant(ys), strict=True))
     return {w.path: w.numpy() for w in model.trainable_weights}, float(loss), optimizer
 
 
@@ -166,14 +166,15 @@ def test_fp16_overflow_in_one_micro_batch_skips_the_whole_step(policy):
     poisoned[2, 0, 0] = 1e6  # beyond float16's 65504: inf in micro-batch 3 only
     start = {w.path: w.numpy() for w in model.trainable_weights}
 
-    _, finite = step(zip(tf.constant(poisoned), tf.constant(ys)))
+    _, finite = step(zip(tf.constant(poisoned), tf.constant(ys), strict=True))
     assert not bool(finite)
     for weight in model.trainable_weights:
         np.testing.assert_array_equal(start[weight.path], weight.numpy())  # no partial update
     assert float(optimizer.dynamic_scale.numpy()) == 512.0  # scale lowered
     assert int(optimizer.iterations.numpy()) == 0
 
-    _, finite = step(zip(tf.constant(xs), tf.constant(ys)))  # the next clean step applies in full
+    # The next clean step applies in full.
+    _, finite = step(zip(tf.constant(xs), tf.constant(ys), strict=True))
     assert bool(finite) and int(optimizer.iterations.numpy()) == 1
     assert _max_rel_diff({w.path: w.numpy() for w in model.trainable_weights}, start) > 0
 
@@ -187,7 +188,7 @@ def test_lr_schedule_counts_optimizer_steps_not_micro_batches():
     step = make_train_step(model, optimizer, LOSS, 4, jit_compile=False)
     x, y = _data()
     for _ in range(3):
-        step(zip(tf.constant(x.reshape(4, 8, 8)), tf.constant(y.reshape(4, 8))))
+        step(zip(tf.constant(x.reshape(4, 8, 8)), tf.constant(y.reshape(4, 8)), strict=True))
     assert int(optimizer.iterations.numpy()) == 3
     expected = 0.1 * 0.5 * (1 + np.cos(np.pi * 3 / 10))  # cosine decay at step 3 of 10
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(expected, rel=1e-5)

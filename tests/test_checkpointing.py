@@ -109,7 +109,7 @@ def test_weights_match_after_steps_with_accum_and_xla(family):
         xs, ys = tf.reshape(x, (2, 4, *x.shape[1:])), tf.reshape(y, (2, 4, *y.shape[1:]))
         keras.utils.set_random_seed(1)
         for _ in range(3):
-            step(zip(xs, ys))
+            step(zip(xs, ys, strict=True))
         results[policy] = _by_path(model.variables)
     for path, value in results["none"].items():
         np.testing.assert_allclose(results["sqrt"][path], value, rtol=1e-4, atol=1e-5, err_msg=path)

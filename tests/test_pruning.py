@@ -169,12 +169,12 @@ def test_zeros_stay_zero_across_steps(optimizer, accum):
     pruned = [m.numpy() == 0 for m in pruner.masks]
     before = [k.numpy().copy() for k in pruner.kernels]
     for _ in range(5):  # momentum and Adam's moments keep pushing the pruned weights
-        step(zip(xs, xs))
+        step(zip(xs, xs, strict=True))
         for kernel, zero in zip(pruner.kernels, pruned, strict=True):
             assert (kernel.numpy()[zero] == 0).all()
     for kernel, start, zero in zip(pruner.kernels, before, pruned, strict=True):
         assert (kernel.numpy() != start)[~zero].mean() > 0.5  # the kept weights trained
-    free(zip(xs, xs))
+    free(zip(xs, xs, strict=True))
     assert any((k.numpy()[z] != 0).any() for k, z in zip(pruner.kernels, pruned, strict=True))
 
 
