@@ -20,18 +20,19 @@ def _cpu_has_bf16() -> bool:
 def cpu_note(policy: str) -> str | None:
     """What a 16-bit policy will do on a CPU, said once per run: tensorflow/tensorflow#45441
     measured fp16 3 s -> 187 s per epoch without XLA; `python -m runner.bench precision_accum`
-    (one process per job, 2-core CPU) measured the peaks and step times quoted here."""
+    (one process per job, 2-core CPU) measured the peaks and step times quoted here, as the
+    ranges over its runs."""
     if policy == "mixed_float16":
         return (
-            "precision=mixed on a CPU: float16 is emulated. Without XLA (CNNs) it saved ~16% "
-            "of MobileNetV2's peak but ran ~27x slower per step; under XLA (the transformer) "
+            "precision=mixed on a CPU: float16 is emulated. Without XLA (CNNs) it saved 16-20% "
+            "of MobileNetV2's peak but ran 19-27x slower per step; under XLA (the transformer) "
             "its float32 copies raised the peak 1.9x. Its memory gain is a GPU figure."
         )
     if policy == "mixed_bfloat16":
         native = "has" if _cpu_has_bf16() else "lacks"
         return (
             f"precision=bf16 on a CPU (this one {native} AVX512_BF16/AMX): without XLA it "
-            "saved ~15% of MobileNetV2's peak at ~2.4x the step time; under XLA it is "
+            "saved 13-20% of MobileNetV2's peak at 1.3-2.4x the step time; under XLA it is "
             "computed in float32 (same peak as float32). Its memory gain is a GPU/TPU figure."
         )
     return None
