@@ -109,8 +109,10 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
     def apply_sum(losses):
         return tf.add_n(losses) / accum, update([s.value() for s in sums])
 
+    firsts = [tf.constant(i == 0) for i in range(accum)]  # made once, not per step
+
     def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
-        losses = [add_micro_batch(*next(batches), tf.constant(i == 0)) for i in range(accum)]
+        losses = [add_micro_batch(*next(batches), first) for first in firsts]
         return apply_sum(losses)
 
     return train_step

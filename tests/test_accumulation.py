@@ -109,7 +109,7 @@ def test_accum_equivalence_mixed_float16(policy):
     assert_weights_close(accumulated, big, rtol=1e-2, atol=1e-4)
 
 
-def test_a_step_draws_accum_micro_batches_one_at_a_time_in_order():
+def test_a_step_draws_accum_micro_batches_in_order():
     """The step pulls exactly accum micro-batches per optimizer step from the pipeline, in
     order, and applies nothing when the pipeline runs dry mid-step."""
     keras.utils.set_random_seed(0)
