@@ -24,16 +24,17 @@ from runner.checkpointing import RematInfo, segment_length
 ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
 CHECKPOINTING = ("none", "blocks", "sqrt", "every")
 
-# Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32, 16-bit tensor core).
+# Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32 on CUDA cores,
+# TF32 on tensor cores or None where the chip has none, 16-bit on tensor cores).
 # Word-bounded names, so "A10" does not match "A100" nor "L4" "L40S".
 GPU_PEAKS = {
-    "H100": (67e12, 989e12),
-    "H200": (67e12, 989e12),
-    "A100": (19.5e12, 312e12),
-    "V100": (15.7e12, 125e12),
-    "L4": (30.3e12, 121e12),
-    "T4": (8.1e12, 65e12),
-    "A10": (31.2e12, 125e12),
+    "H100": (67e12, 494.7e12, 989e12),
+    "H200": (67e12, 494.7e12, 989e12),
+    "A100": (19.5e12, 156e12, 312e12),
+    "V100": (15.7e12, None, 125e12),
+    "L4": (30.3e12, 60e12, 121e12),
+    "T4": (8.1e12, None, 65e12),
+    "A10": (31.2e12, 62.5e12, 125e12),
 }
 CPU_CACHE_FILE = "cpu_peak_flops.json"
 
@@ -279,17 +280,24 @@ def _cpu_peak(cache_dir) -> float:
     return float(cache[key])
 
 
-def peak_flops(device_name: str, policy: str, cache_dir) -> tuple[float, str]:
+def peak_flops(device_name: str, policy: str, cache_dir, tf32: bool = False) -> tuple[float, str]:
     """(peak FLOP/s, where it came from) for `device_name` under the precision `policy`.
 
     On a CPU the float32 figure serves every policy: XLA on a CPU without AVX512_BF16/AMX
-    computes 16-bit math in float32 (shared GUIDE, "Precision on this CPU").
+    computes 16-bit math in float32 (shared GUIDE, "Precision on this CPU"). On a GPU with
+    TF32 tensor cores (Ampere and later), float32 matmuls run as TF32 while TensorFlow's
+    TensorFloat-32 execution is on (its default), so `tf32` makes that rate the peak; without
+    it, float32 MFU there would be measured against a rate the matmuls are not bound by.
     """
     if device_name.startswith("/CPU") or "CPU" in device_name.upper():
         return _cpu_peak(cache_dir), "cpu_calibrated"
-    for model, (fp32, half) in GPU_PEAKS.items():
+    for model, (fp32, tf32_peak, half) in GPU_PEAKS.items():
         if re.search(rf"\b{model}\b", device_name.upper()):
-            return (fp32 if policy == "float32" else half), f"table:{model}"
+            if policy != "float32":
+                return half, f"table:{model}"
+            if tf32 and tf32_peak:
+                return tf32_peak, f"table:{model}:tf32"
+            return fp32, f"table:{model}"
     return math.nan, "unknown"
 
 

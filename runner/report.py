@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import keras
+import tensorflow as tf
 from omegaconf import DictConfig
 
 from models.spec import DataSpec
@@ -68,7 +69,8 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> dict:
 def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], str]:
     flops = estimate.model_flops_per_step(facts.model, cfg, facts.spec)
     hardware = estimate.hardware_flops_per_step(flops, facts.model, cfg, facts.spec, facts.remat)
-    peak, source = estimate.peak_flops(facts.device_name, cfg.precision.policy, CACHE_DIR)
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    peak, source = estimate.peak_flops(facts.device_name, cfg.precision.policy, CACHE_DIR, tf32)
     return {
         "speed/flops_per_step": flops,
         "speed/hardware_flops_per_step": hardware,  # with checkpointing's recomputation

@@ -187,19 +187,21 @@ def test_cnn_flops_from_profiler():
 
 
 @pytest.mark.parametrize(
-    "name, policy, peak",
+    "name, policy, tf32, peak, source",
     [
-        ("NVIDIA H200", "mixed_bfloat16", 989e12),
-        ("NVIDIA H100 80GB HBM3", "float32", 67e12),
-        ("NVIDIA A100-SXM4-80GB", "mixed_float16", 312e12),
-        ("NVIDIA A10", "float32", 31.2e12),
-        ("NVIDIA L4", "mixed_bfloat16", 121e12),
-        ("Tesla T4", "mixed_float16", 65e12),
+        ("NVIDIA H200", "mixed_bfloat16", True, 989e12, "table:H200"),
+        ("NVIDIA H200", "float32", True, 494.7e12, "table:H200:tf32"),
+        ("NVIDIA H100 80GB HBM3", "float32", False, 67e12, "table:H100"),
+        ("NVIDIA A100-SXM4-80GB", "mixed_float16", True, 312e12, "table:A100"),
+        ("NVIDIA A100-SXM4-80GB", "float32", True, 156e12, "table:A100:tf32"),
+        ("NVIDIA A10", "float32", False, 31.2e12, "table:A10"),
+        ("NVIDIA L4", "mixed_bfloat16", False, 121e12, "table:L4"),
+        ("Tesla T4", "mixed_float16", True, 65e12, "table:T4"),
+        ("Tesla V100-SXM2-16GB", "float32", True, 15.7e12, "table:V100"),  # no TF32 cores
     ],
 )
-def test_gpu_peak_table(name, policy, peak, tmp_path):
-    value, source = estimate.peak_flops(name, policy, tmp_path)
-    assert value == peak and source.startswith("table:")
+def test_gpu_peak_table(name, policy, tf32, peak, source, tmp_path):
+    assert estimate.peak_flops(name, policy, tmp_path, tf32) == (peak, source)
 
 
 @pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA A10G", "/GPU:0"])
