@@ -4,12 +4,10 @@ machine does not fail on a bug a CPU could have caught."""
 import re
 
 import pytest
-import tensorflow as tf
 
 from runner.bench import gpu_check
 from tests.conftest import TINY, TINY_DATA
-
-HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+from tests.test_telemetry import HAS_GPU
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the refusal on a machine without a GPU")
