@@ -142,6 +142,6 @@ def test_memory_study_sweeps_every_variant():
             config_name="config", overrides=["+experiment=memory_study"], return_hydra_config=True
         )
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    variants = cfg.hydra.sweeper.params["+variant"].split(",")
+    variants = cfg.hydra.sweeper.params["variant"].split(",")
     assert sorted(variants) == sorted(p.stem for p in (CONF_DIR / "variant").glob("*.yaml"))
     assert cfg.model.name == "transformer" and cfg.mlflow.experiment == "memory_study"
