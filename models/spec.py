@@ -31,3 +31,23 @@ MOBILENET_VERSIONS = ("v2", "v3_small", "v3_large")
 EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + tuple(
     f"V2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")
 )
+
+# The pixel range each image model takes, as keras.applications' `preprocess_input` for it
+# defines it (shared GUIDE, "preprocessing contracts"): mobilenet_v2's maps raw [0, 255]
+# pixels to [-1, 1]; MobileNetV3 and every EfficientNet rescale raw [0, 255] pixels inside the
+# model and their preprocess_input passes pixels through. runner/data.py feeds exactly this
+# range, known before the model is built, so a local `model.weights` file sees what it was
+# trained on. Raw pixels also survive the in-model rescaling under 16-bit policies: it runs in
+# the compute dtype, and MobileNetV3's Rescaling(1/127.5, offset=-1) maps [0, 1] inputs onto
+# [-1, -0.992], 3 distinct bfloat16 values (issue 13).
+RAW_PIXELS = (0.0, 255.0)
+SIGNED_UNIT = (-1.0, 1.0)
+
+
+def input_range(model: str, version: str = "v2") -> tuple[float, float]:
+    """(lowest, highest) pixel value of the image `model` (cfg.model.name, its version)."""
+    if model == "mobilenet":
+        return SIGNED_UNIT if version == "v2" else RAW_PIXELS
+    if model == "efficientnet":
+        return RAW_PIXELS
+    raise ValueError(f"model={model} takes no images")

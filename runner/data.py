@@ -2,8 +2,10 @@
 
 Each source (`synthetic`, `digits`, `image_folder`, named by `data.name`) gives raw
 examples, a `prepare` function run in the parallel map, and the `DataSpec` the model is
-built for. The training pipeline yields micro-batches of `data.batch_size`; the train step
-(runner/step.py) draws `accum` of them, one at a time, per optimizer step.
+built for. Images reach the model in the pixel range it takes (models.spec.input_range):
+[-1, 1] for MobileNetV2, raw [0, 255] for the models that rescale pixels themselves. The
+training pipeline yields micro-batches of `data.batch_size`; the train step (runner/step.py)
+draws `accum` of them, one at a time, per optimizer step.
 """
 
 from collections.abc import Callable
@@ -13,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from models.spec import DataSpec
+from models.spec import DataSpec, input_range
 
 AUTOTUNE = tf.data.AUTOTUNE
 DIGITS_SEQ_LEN = 64  # 8x8 pixels, read as tokens by the transformer
@@ -51,6 +53,17 @@ def _token_table(vocab: int, length: int) -> np.ndarray:
     return table
 
 
+def _pixel_range(cfg: DictConfig) -> tuple[float, float]:
+    """The pixel range cfg.model takes, known before the model is built."""
+    return input_range(cfg.model.name, cfg.model.get("version", "v2"))
+
+
+def _to_range(image: tf.Tensor, scale: float, pixel_range: tuple[float, float]) -> tf.Tensor:
+    """Pixels of [0, scale] mapped linearly onto `pixel_range` (exactly when it is [0, scale])."""
+    low, high = pixel_range
+    return image * ((high - low) / scale) + low
+
+
 def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     """Generated examples: the index of each example seeds its content (stateless, repeatable)."""
     d = cfg.data
@@ -61,12 +74,16 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
         templates = tf.constant(
             np.random.default_rng(seed).normal(size=(d.num_classes, *shape)), dtype=tf.float32
         )
+        pixels = _pixel_range(cfg)
 
         def prepare(index):
             pair = tf.stack([tf.constant(seed, tf.int64), index])
             label = tf.random.stateless_uniform([], pair, 0, d.num_classes, dtype=tf.int32)
             noise = tf.random.stateless_normal(shape, pair + 1)
-            return 0.5 * tf.gather(templates, label) + noise, label
+            # Intensities in [0, 1] like a real image's (mid-grey, template under noise,
+            # about 3 standard deviations to black and white), then the model's pixel range.
+            image = 0.5 + 0.15 * (0.5 * tf.gather(templates, label) + noise)
+            return _to_range(tf.clip_by_value(image, 0.0, 1.0), 1.0, pixels), label
 
         spec = DataSpec("image", shape, d.num_classes)
     else:
@@ -84,12 +101,14 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     return Source(train, val, prepare, spec, d.train_samples)
 
 
-def _image_prepare(size: int, scale: float) -> Callable:
+def _image_prepare(size: int, scale: float, pixel_range: tuple[float, float]) -> Callable:
+    """Raw pixels of [0, scale] -> size x size x 3 in the model's `pixel_range`."""
+
     def prepare(image, label):
-        image = tf.image.resize(tf.cast(image, tf.float32) / scale, (size, size))
+        image = tf.image.resize(tf.cast(image, tf.float32), (size, size))
         if image.shape[-1] == 1:
             image = tf.image.grayscale_to_rgb(image)
-        return image, tf.cast(label, tf.int32)
+        return _to_range(image, scale, pixel_range), tf.cast(label, tf.int32)
 
     return prepare
 
@@ -104,7 +123,7 @@ def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     labels = bunch.target.astype(np.int32)
     if image_model:
         examples = bunch.images.astype(np.float32)[..., None]  # [N, 8, 8, 1], 0..16
-        prepare = _image_prepare(cfg.data.image_size, 16.0)
+        prepare = _image_prepare(cfg.data.image_size, 16.0, _pixel_range(cfg))
         spec = DataSpec("image", (cfg.data.image_size, cfg.data.image_size, 3), 10)
     else:
         examples = bunch.images.reshape(len(labels), DIGITS_SEQ_LEN).astype(np.int32)
@@ -134,7 +153,8 @@ def image_folder(cfg: DictConfig, image_model: bool, seed: int) -> Source:
         subset="both",
     )
     spec = DataSpec("image", (size, size, 3), len(train.class_names))
-    return Source(train, val, _image_prepare(size, 255.0), spec, int(train.cardinality()))
+    prepare = _image_prepare(size, 255.0, _pixel_range(cfg))
+    return Source(train, val, prepare, spec, int(train.cardinality()))
 
 
 SOURCES = {"synthetic": synthetic, "digits": digits, "image_folder": image_folder}
