@@ -6,18 +6,13 @@ optimizer slots, the accumulation sum, pruning masks and one micro-batch's activ
 live at a time). Its ratio to the measured peak says how much the framework adds or fuses.
 """
 
-import json
 import math
-import os
-import platform
 import re
-import time
-from pathlib import Path
 
 import keras
 import tensorflow as tf
 
-from runner import pruning
+from runner import cpu_peak, pruning
 from runner.checkpointing import RematInfo, segment_length
 
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
@@ -36,7 +31,6 @@ GPU_PEAKS = {
     "T4": (8.1e12, None, 65e12),
     "A10": (31.2e12, 62.5e12, 125e12),
 }
-CPU_CACHE_FILE = "cpu_peak_flops.json"
 
 
 def _nbytes(variables) -> int:
@@ -239,58 +233,20 @@ def hardware_flops_per_step(model_flops: float, model, cfg, spec, remat: RematIn
     return model_flops * (1 + share / 3)
 
 
-def _cpu_key() -> str:
-    name = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} x{os.cpu_count()}"
-
-
-def _calibrate_cpu(n: int = 2048, repeats: int = 3) -> float:
-    """FLOP/s of the best of `repeats` float32 n x n matmuls (2n^3 FLOPs each), after a warm-up."""
-    with tf.device("/CPU:0"):
-        a = tf.random.uniform((n, n), dtype=tf.float32)
-        b = tf.random.uniform((n, n), dtype=tf.float32)
-        tf.reduce_sum(tf.matmul(a, b)).numpy()  # warm-up: thread pool, kernel selection
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            tf.reduce_sum(tf.matmul(a, b)).numpy()
-            best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / best
-
-
-def _cpu_peak(cache_dir) -> float:
-    """The calibrated CPU peak, measured once per CPU model and core count, then read back."""
-    path = Path(cache_dir) / CPU_CACHE_FILE
-    key = _cpu_key()
-    cache = json.loads(path.read_text()) if path.is_file() else {}
-    if key not in cache:
-        cache[key] = _calibrate_cpu()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write then rename: jobs of a multirun may calibrate at once; none reads a half file.
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
-    return float(cache[key])
-
-
-def peak_flops(device_name: str, policy: str, cache_dir, tf32: bool = False) -> tuple[float, str]:
+def peak_flops(
+    device_name: str, policy: str, cache_dir, tf32: bool = False, achieved: float = math.nan
+) -> tuple[float, str]:
     """(peak FLOP/s, where it came from) for `device_name` under the precision `policy`.
 
-    On a CPU the float32 figure serves every policy: XLA on a CPU without AVX512_BF16/AMX
-    computes 16-bit math in float32 (shared GUIDE, "Precision on this CPU"). On a GPU with
-    TF32 tensor cores (Ampere and later), float32 matmuls run as TF32 while TensorFlow's
-    TensorFloat-32 execution is on (its default), so `tf32` makes that rate the peak; without
-    it, float32 MFU there would be measured against a rate the matmuls are not bound by.
+    On a CPU, a matmul calibration cached in cache_dir: the faster of float32 and the policy's
+    16-bit dtype, redone when `achieved` (the run's FLOP/s, recomputation included) exceeds
+    it. On a GPU with TF32 tensor cores (Ampere and later), float32 matmuls run as TF32 while
+    TensorFlow's TensorFloat-32 execution is on (its default), so `tf32` makes that rate the
+    peak; without it, float32 MFU there would be measured against a rate the matmuls are not
+    bound by.
     """
     if device_name.startswith("/CPU") or "CPU" in device_name.upper():
-        return _cpu_peak(cache_dir), "cpu_calibrated"
+        return cpu_peak.peak(cache_dir, policy, achieved)
     for model, (fp32, tf32_peak, half) in GPU_PEAKS.items():
         if re.search(rf"\b{model}\b", device_name.upper()):
             if policy != "float32":
@@ -301,13 +257,22 @@ def peak_flops(device_name: str, policy: str, cache_dir, tf32: bool = False) -> 
     return math.nan, "unknown"
 
 
+def _positive(*values) -> list[float] | None:
+    """`values` as floats if all are finite and positive, else None."""
+    try:
+        floats = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return None
+    return floats if all(math.isfinite(v) and v > 0 for v in floats) else None
+
+
+def achieved_flops(flops_per_step: float, step_time_s: float) -> float:
+    """FLOP/s a run achieved; nan when any input is unusable."""
+    values = _positive(flops_per_step, step_time_s)
+    return values[0] / values[1] if values else math.nan
+
+
 def mfu(flops_per_step: float, step_time_s: float, peak: float) -> float:
     """Model FLOPs utilisation: achieved FLOP/s over peak; nan when any input is unusable."""
-    try:
-        values = [float(v) for v in (flops_per_step, step_time_s, peak)]
-    except (TypeError, ValueError):
-        return math.nan
-    if not all(math.isfinite(v) and v > 0 for v in values):
-        return math.nan
-    flops, seconds, peak = values
-    return flops / seconds / peak
+    values = _positive(flops_per_step, step_time_s, peak)
+    return values[0] / values[1] / values[2] if values else math.nan

@@ -4,7 +4,6 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import json  # noqa: E402
 import math  # noqa: E402
 
 import keras  # noqa: E402
@@ -208,19 +207,6 @@ def test_gpu_peak_table(name, policy, tf32, peak, source, tmp_path):
 def test_unknown_gpu_is_nan(name, tmp_path):
     value, source = estimate.peak_flops(name, "float32", tmp_path)
     assert math.isnan(value) and source == "unknown"
-
-
-def test_cpu_peak_calibrated_once_and_cached(tmp_path, monkeypatch):
-    first, source = estimate.peak_flops("/CPU:0", "mixed_bfloat16", tmp_path / "outputs")
-    assert first > 0 and source == "cpu_calibrated"
-    cache = tmp_path / "outputs" / estimate.CPU_CACHE_FILE
-    assert cache.is_file() and list(json.loads(cache.read_text()).values()) == [first]
-
-    def no_recalibration(*args, **kwargs):
-        raise AssertionError("calibrated again despite the cache")
-
-    monkeypatch.setattr(estimate, "_calibrate_cpu", no_recalibration)
-    assert estimate.peak_flops("CPU", "float32", tmp_path / "outputs") == (first, source)
 
 
 @pytest.mark.parametrize(
