@@ -1,11 +1,16 @@
-"""Compare runs side by side: a table with ratios to a baseline, and plots.
+"""Compare runs side by side: a table with ratios to a baseline.
 
     python -m runner.compare --sweep RUN_ID          # the jobs of a sweep (its parent run id)
     python -m runner.compare --experiment tfmemlab   # every run of an experiment
     python -m runner.compare RUN_ID RUN_ID ...       # chosen runs
 
+Each job is labelled by what differs between it and the baseline (`mixed`, `accum=4`,
+`checkpointing=blocks`; the baseline is `baseline`). A ratio to the baseline compares like
+with like only if both jobs train at the same effective batch, on the same data, with the same
+model: where they do not, the `differs` column names the keys and the ratio is marked `*`.
 The tracking URI is `--tracking-uri`, else $MLFLOW_TRACKING_URI, else the embedded default.
-The same table ends every sweep, as CSV, Markdown and PNG artifacts of its parent run.
+The same table ends every sweep, as CSV and Markdown artifacts of its parent run, beside
+the pictures runner/sweep.py draws from these rows.
 """
 
 import argparse
@@ -29,6 +34,25 @@ FIGURES = [
     ("val_accuracy", "val/accuracy", 1.0),
 ]
 RATIOS = ("peak_MiB", "step_s", "samples_per_s")
+# The estimate's parts (mem/estimate/<part>_bytes), kept as est_<part>_MiB in the CSV.
+PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "activations", "workspace")
+
+# Params a ratio needs equal to the baseline's (issue 13: accumulation was once compared at 4x
+# the baseline's batch). The micro-batch may differ: accumulation changes it on purpose, and
+# the effective batch is what must match.
+LIKE_FOR_LIKE = ("effective_batch_size", "params_total", "model.", "data.")
+MICRO_BATCH = "data.batch_size"
+# Group keys that name a choice: when one differs, its label part stands for the whole group.
+CHOICES = {
+    "model.name": "model={}",
+    "data.name": "data={}",
+    "precision.name": "{}",  # fp32, mixed, bf16
+    "checkpointing.policy": "checkpointing={}",
+    "pruning.schedule": "pruning={}",
+}
+# Params that follow from others, or that say where a run went rather than what it did.
+NOT_IN_LABELS = ("effective_batch_size", "params_total", "total_steps", "remat/policy")
+NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress")
 
 
 def sweep_runs(client: MlflowClient, parent_id: str) -> list[Run]:
@@ -49,48 +73,134 @@ def experiment_runs(client: MlflowClient, name: str) -> list[Run]:
 
 
 def rows(runs: list[Run], baseline: str | None = None) -> list[dict]:
-    """One row per run: its name, status, figures, and ratios to the baseline run.
+    """One row per run: its label, status, what differs from the baseline, figures, estimate
+    parts and ratios to the baseline run.
 
-    The baseline is the run named `baseline` (or with that job number), else the first
-    finished run.
+    The baseline is the run with that name (or original name, tag `overrides`) or job number,
+    else the first finished run.
     """
+    base = _baseline(runs, baseline)
+    base_params = base.data.params if base else {}
     out = []
-    for run in runs:
+    for run, label in zip(runs, labels(runs, base), strict=True):
         metrics, tags = run.data.metrics, run.data.tags
         row = {
-            "job": run.info.run_name,
+            "job": label,
             "job_num": tags.get("job_num", ""),
             "status": run.info.status,
             "failure": tags.get("failure", ""),
+            "differs": " ".join(differs(run.data.params, base_params)),
         }
         for column, key, scale in FIGURES:
             row[column] = metrics[key] * scale if key in metrics else None
+        for part in PARTS:
+            key = f"mem/estimate/{part}_bytes"
+            row[f"est_{part}_MiB"] = metrics[key] / 2**20 if key in metrics else None
         out.append(row)
-    base = _baseline(out, baseline)
+    base_row = next((row for run, row in zip(runs, out, strict=True) if run is base), None)
     for row in out:
         for column in RATIOS:
-            ok = base and row[column] is not None and base[column]
-            row[f"{column}/base"] = row[column] / base[column] if ok else None
+            ok = base_row and row[column] is not None and base_row[column]
+            row[f"{column}/base"] = row[column] / base_row[column] if ok else None
     return out
 
 
-def _baseline(out: list[dict], name: str | None) -> dict | None:
-    finished = [r for r in out if r["status"] == "FINISHED"]
+def _baseline(runs: list[Run], name: str | None) -> Run | None:
     if name is not None:
-        named = [r for r in out if name in (r["job"], r["job_num"])]
-        if not named:
-            raise SystemExit(f"error: baseline={name}: no run of that name or job number")
-        return named[0]
+        for run in runs:
+            names = (run.info.run_name, run.data.tags.get("overrides"))
+            if name in names or name == run.data.tags.get("job_num"):
+                return run
+        raise SystemExit(f"error: baseline={name}: no run of that name or job number")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
     return finished[0] if finished else None
 
 
+def differs(params: dict, base: dict) -> list[str]:
+    """The keys that make a ratio to the baseline compare unlike things."""
+    if not params or not base:  # a run that failed before logging its config
+        return []
+    keys = (params.keys() | base.keys()) - {MICRO_BATCH}
+    return sorted(k for k in keys if k.startswith(LIKE_FOR_LIKE) and params.get(k) != base.get(k))
+
+
+def labels(runs: list[Run], base: Run | None) -> list[str]:
+    """Each run named by what differs from the baseline, unique within the list."""
+    out: list[str] = []
+    for run in runs:
+        if base is None or not run.data.params:
+            label = run.info.run_name
+        else:
+            label = "baseline" if run is base else label_for(run.data.params, base.data.params)
+        if label in out:  # e.g. a job repeated on purpose: same config as an earlier one
+            num = run.data.tags.get("job_num")
+            label += f" (job {num})" if num else f" (run {run.info.run_id[:8]})"
+        out.append(label)
+    return out
+
+
+def label_for(params: dict, base: dict) -> str:
+    """`mixed`, `accum=4`, `checkpointing=blocks`, ...: the params that differ from base."""
+    keys = {
+        k
+        for k in params.keys() | base.keys()
+        if params.get(k) != base.get(k) and not k.startswith(NOT_IN_LABELS)
+    }
+    parts = []
+    for key, form in CHOICES.items():
+        if key in keys:
+            parts.append(form.format(params.get(key, "-")))
+            group = key.split(".")[0] + "."
+            keys = {k for k in keys if not k.startswith(group)}
+    if "accum" in keys:  # the micro-batch follows from accum at the baseline's effective batch
+        same = params.get("effective_batch_size") == base.get("effective_batch_size")
+        keys = keys - {MICRO_BATCH} if same else keys | {"effective_batch_size"}
+    parts += [f"{k}={params.get(k, '-')}" for k in sorted(keys, key=lambda k: (k != "accum", k))]
+    return " ".join(parts) or "baseline"
+
+
 def columns(out: list[dict]) -> list[str]:
-    return list(out[0]) if out else []
+    """The table's columns: everything but the estimate's parts (those go to the CSV)."""
+    return [c for c in out[0] if not c.startswith("est_")] if out else []
+
+
+def marked(row: dict) -> str:
+    """The job's label, with `*` if its ratios do not compare like with like."""
+    return row["job"] + (" *" if row["differs"] else "")
+
+
+def notes(out: list[dict]) -> list[str]:
+    keys = sorted({k for r in out for k in r["differs"].split()})
+    if not keys:
+        return []
+    return [
+        "(*) not like for like: these jobs differ from the baseline in "
+        + ", ".join(keys)
+        + " (column `differs`), so their ratios (/base) mix the technique with that difference."
+    ]
+
+
+def _display(out: list[dict]) -> list[dict]:
+    """Rows as text, with the ratios of jobs that differ from the baseline marked `*`."""
+    shown = []
+    for row in out:
+        cells = {c: _cell(row[c]) for c in columns(out)}
+        if row["differs"]:
+            for column in RATIOS:
+                if row[f"{column}/base"] is not None:
+                    cells[f"{column}/base"] += "*"
+        shown.append(cells)
+    return shown
+
+
+def text(out: list[dict]) -> str:
+    """The table for the terminal, with its notes."""
+    return "\n".join([table(_display(out), columns(out)), *notes(out)])
 
 
 def write_csv(out: list[dict], path: Path) -> Path:
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns(out))
+        writer = csv.DictWriter(f, fieldnames=list(out[0]) if out else [])
         writer.writeheader()
         writer.writerows(out)
     return path
@@ -99,54 +209,16 @@ def write_csv(out: list[dict], path: Path) -> Path:
 def write_markdown(out: list[dict], path: Path) -> Path:
     cols = columns(out)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in out]
+    lines += ["| " + " | ".join(r[c] for c in cols) + " |" for r in _display(out)]
+    lines += ["", *notes(out)]
     path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def plots(out: list[dict], out_dir: Path) -> list[Path]:
-    """pareto.png (peak memory vs throughput, each job labelled) and one bar chart per figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers and CI
-    import matplotlib.pyplot as plt
-
-    done = [r for r in out if r["peak_MiB"] is not None and r["samples_per_s"] is not None]
-    paths = []
-    fig, ax = plt.subplots(figsize=(7, 5))
-    ax.scatter([r["peak_MiB"] for r in done], [r["samples_per_s"] for r in done])
-    for r in done:
-        ax.annotate(r["job"], (r["peak_MiB"], r["samples_per_s"]), fontsize=7)
-    ax.set(
-        xlabel="peak memory (MiB)",
-        ylabel="throughput (samples/s)",
-        title="memory vs throughput: lower right is better",
-    )
-    ax.grid(alpha=0.3)
-    paths.append(_save(fig, out_dir / "pareto.png"))
-    for column, _, _ in FIGURES:
-        have = [r for r in out if r[column] is not None]
-        fig, ax = plt.subplots(figsize=(7, 0.4 * len(have) + 1.5))
-        ax.barh([r["job"] for r in have], [r[column] for r in have])
-        ax.set(xlabel=column, title=column)
-        ax.invert_yaxis()
-        paths.append(_save(fig, out_dir / f"bar_{column}.png"))
-    return paths
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "" if value is None else str(value)
+    return "-" if value is None else str(value)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -173,7 +245,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         runs = [client.get_run(run_id) for run_id in args.run_ids]
     out = rows(runs, args.baseline)
-    print(table(out, columns(out)))
+    print(text(out))
     return out
 
 

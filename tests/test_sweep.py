@@ -19,6 +19,7 @@ REPORT = {
     "report/comparison.md",
     "report/pareto.png",
     "report/bar_peak_MiB.png",
+    "report/memory_breakdown.png",
 }
 
 
@@ -90,7 +91,8 @@ def test_sweep_against_an_mlflow_server(tmp_path, mlflow_server):
     assert parent.info.status == "FINISHED"
     assert [c.data.tags["job_num"] for c in children] == ["0", "1"]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    assert [c.info.run_name.split()[0] for c in children] == ["precision=fp32", "precision=bf16"]
+    assert [c.info.run_name for c in children] == ["baseline", "bf16"]  # what differs
+    assert children[1].data.tags["overrides"].startswith("precision=bf16")
     assert [c.data.params["precision.policy"] for c in children] == ["float32", "mixed_bfloat16"]
     assert all(c.data.metrics["mem/peak_bytes"] > 0 for c in children)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
@@ -136,6 +138,11 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(isolate, tmp_path, store, 
     assert [c.info.status for c in children] == ["FINISHED", "FAILED"]
     assert children[1].data.tags["failure"] == "nan" and children[1].data.tags["error"]
     assert parent.data.tags["failed_jobs"] == "1"
+    # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
+    assert [c.info.run_name for c in children] == ["baseline", "trainer.lr=1e+30"]
+    assert "trainer.lr=1e+30" in children[1].data.tags["overrides"]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert REPORT <= artifacts
     # The terminal comparison reads the same runs.
     rows = compare.main(["--sweep", parent.info.run_id, "--tracking-uri", store])
     assert [r["status"] for r in rows] == ["FINISHED", "FAILED"]
@@ -189,3 +196,17 @@ def test_memory_study_preset_runs_its_six_variants(tmp_path, store):
     assert all(r.info.status == "FINISHED" for r in children)
     policies = sorted(r.data.params["precision.policy"] for r in children)
     assert policies.count("float32") == 4 and "mixed_float16" in policies
+    # Every job at the baseline's effective batch (issue 13: accum4 once ran 4 x 16), named
+    # by what differs from the baseline, every ratio like for like.
+    by_name = {r.info.run_name: r.data.params for r in children}
+    assert set(by_name) == {
+        "baseline",
+        "mixed",
+        "bf16",
+        "accum=4",
+        "checkpointing=blocks",
+        "pruning=polynomial",
+    }
+    assert {p["effective_batch_size"] for p in by_name.values()} == {"16"}
+    assert (by_name["accum=4"]["data.batch_size"], by_name["accum=4"]["accum"]) == ("4", "4")
+    assert "peak_MiB/base" in result.stdout and "not like for like" not in result.stdout
