@@ -56,6 +56,10 @@ def main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode == RunMode.MULTIRUN and cfg.sweep.isolate and not in_child:
         run_isolated(cfg)
         return
+    from runner import import_tensorflow_quietly
+
+    print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
+    import_tensorflow_quietly()
     from runner.train import run
 
     if HydraConfig.get().mode != RunMode.MULTIRUN:

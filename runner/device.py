@@ -1,5 +1,9 @@
 """Where the run trains: the GPU when there is one (trainer.device=auto), else the CPU."""
 
+import os
+import platform
+from pathlib import Path
+
 import tensorflow as tf
 
 
@@ -31,9 +35,23 @@ def resolve(name: str, gpus: list) -> str:
     return name
 
 
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def describe(dev: str, gpus: list) -> str:
-    """A human name for the device, e.g. "NVIDIA H200" (looked up in the peak-FLOP/s table)."""
+    """A human name for the device, e.g. "NVIDIA H200" (looked up in the peak-FLOP/s table),
+    or "CPU Intel(R) Xeon(R) ... (2 cores)": step times and MFU compare only within one
+    device, and machines differ from one day to the next (shared GUIDE)."""
     if dev.startswith("/GPU"):
         details = tf.config.experimental.get_device_details(gpus[int(dev.split(":")[1])])
         return details.get("device_name", dev)
-    return dev
+    cores = len(os.sched_getaffinity(0))
+    return f"CPU {_cpu_model()} ({cores} core{'s' if cores > 1 else ''})"

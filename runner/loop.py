@@ -3,8 +3,9 @@
 Each step's wall time is split into the wait for data (the `accum` calls of
 `next(iterator)` the step makes) and compute (the rest of the step, synchronised by reading
 the loss back), which model.fit does not expose.
-Memory is read per phase: the first step (tracing, XLA compilation) apart from the steady
-steps after it, and evaluation kept out of the training peak.
+Memory is read per step: the allocator's peak is reset before each optimizer step and read
+after it, so the first step (tracing, XLA compilation) is apart from the steady steps after
+it, and evaluation stays out of the training peak.
 """
 
 import math
@@ -25,6 +26,7 @@ class History:
     compute_s: list[float] = field(default_factory=list)  # the compiled step, loss read back
     evals: list[tuple[int, dict]] = field(default_factory=list)
     current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
+    step_peaks: list[int] = field(default_factory=list)  # allocator peak during each step
     skipped_steps: int = 0  # updates skipped for non-finite gradients (float16 loss scaling)
     first_step_peak: int = 0
     steady_peak: int = 0  # training steps after the first, evaluation excluded
@@ -75,10 +77,10 @@ def train(
             yield batch
 
     micro_batches = batches()
-    mem.reset()
     for step in range(1, total_steps + 1):
         if before_step is not None:
             before_step(step - 1)
+        mem.reset()  # this step's peak is its own (a reset is cheap: no synchronisation)
         wait[0] = 0.0
         start = time.perf_counter()
         loss, finite = train_step(micro_batches)
@@ -87,22 +89,24 @@ def train(
         history.compute_s.append(time.perf_counter() - start - wait[0])
         history.losses.append(loss)
         history.skipped_steps += not bool(finite)
+        history.step_peaks.append(mem.peak())
         history.current_bytes.append(mem.current())
-        metrics = {"train/loss": loss, "mem/current_bytes": history.current_bytes[-1]}
+        metrics = {
+            "train/loss": loss,
+            "mem/current_bytes": history.current_bytes[-1],
+            "mem/step_peak_bytes": history.step_peaks[-1],
+        }
         tracker.log_metrics({**metrics, **(step_metrics() if step_metrics else {})}, step)
         if not math.isfinite(loss):
             raise FloatingPointError(f"train/loss is {loss} at optimizer step {step}")
-        if step == 1:
-            history.first_step_peak = mem.peak()
-            mem.reset()
         if (eval_every and step % eval_every == 0) or step == total_steps:
-            if step > 1:
-                history.steady_peak = max(history.steady_peak, mem.peak())
             metrics = eval_fn()
             history.evals.append((step, metrics))
             tracker.log_metrics(metrics, step)
-            mem.reset()
         if bar is not None:
             bar.update(step, [("loss", loss)])
-    history.steady_peak = history.steady_peak or history.first_step_peak  # a 1-step run
+    mem.reset()  # keeps the RSS high-water read so far (Memory.peak_rss) past this reset
+    history.first_step_peak = history.step_peaks[0]
+    # Steady steps: all but the first; a 1-step run has only its first step to report.
+    history.steady_peak = max(history.step_peaks[1:] or history.step_peaks)
     return history

@@ -1,7 +1,6 @@
 """Mixed precision: the Keras dtype policy for the run, and loss scaling for float16."""
 
 import contextlib
-import sys
 from pathlib import Path
 
 import keras
@@ -38,14 +37,16 @@ def cpu_note(policy: str) -> str | None:
     return None
 
 
+def note(cfg: DictConfig, dev: str) -> str | None:
+    """What the run's precision policy does on this device, when a CPU changes the story."""
+    return None if dev.startswith("/GPU") else cpu_note(cfg.precision.policy)
+
+
 @contextlib.contextmanager
-def policy(cfg: DictConfig, on_gpu: bool):
+def policy(cfg: DictConfig):
     """Set the global dtype policy for the run and restore the previous one after it."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(cfg.precision.policy)
-    note = None if on_gpu else cpu_note(cfg.precision.policy)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
     try:
         yield
     finally:

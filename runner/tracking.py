@@ -37,8 +37,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 class Tracker:
     """Buffers step metrics and writes them in batches: one SQLite write per step is slow."""
 
-    def __init__(self, client: MlflowClient, run_id: str):
+    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str = "", name: str = ""):
         self.client, self.run_id = client, run_id
+        self.experiment_id, self.run_name = experiment_id, name
         self._pending: list[Metric] = []
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -75,6 +76,19 @@ def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     # Keep a local store's artifacts beside its database, not in ./mlruns of whatever cwd.
     location = (db.parent.resolve() / "mlartifacts").as_uri() if db else None
     return client.create_experiment(name, artifact_location=location)
+
+
+def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str | None, str]:
+    """(the command that serves the MLflow UI on this store or None, the page's URL).
+
+    MLflow 3.17's UI opens an experiment on its GenAI overview; `workflowType=machine_learning`
+    opens the runs table (shared GUIDE).
+    """
+    page = f"#/experiments/{experiment}/runs" + (f"/{run_id}" if run_id else "")
+    page += "?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):
+        return None, f"{uri.rstrip('/')}/{page}"
+    return f"mlflow ui --backend-store-uri {uri}", f"http://127.0.0.1:5000/{page}"
 
 
 def client_for(uri: str) -> MlflowClient:
@@ -119,7 +133,7 @@ def mlflow_run(cfg: DictConfig, run_name: str):
     client = client_for(uri)
     experiment = experiment_id(client, cfg.mlflow.experiment, uri)
     run = client.create_run(experiment, run_name=run_name, tags=_sweep_tags())
-    tracker = Tracker(client, run.info.run_id)
+    tracker = Tracker(client, run.info.run_id, experiment, run_name)
     monitor = _system_metrics(cfg, run.info.run_id)
     try:
         yield tracker

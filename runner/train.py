@@ -17,10 +17,10 @@ from omegaconf import DictConfig
 from runner import checkpointing, device, precision, pruning, report
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
-from runner.loop import evaluate, train
+from runner.loop import History, evaluate, train
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
 from runner.telemetry import Memory
-from runner.tracking import log_config, mlflow_run
+from runner.tracking import log_config, mlflow_run, ui_hint
 
 
 def _overrides() -> list[str]:
@@ -43,53 +43,54 @@ def build_model(cfg: DictConfig, spec) -> keras.Model:
     return builder(spec, **knobs)
 
 
-def _warn_batchnorm(cfg: DictConfig) -> None:
+def _batchnorm_note(cfg: DictConfig) -> str | None:
     if cfg.accum > 1 and cfg.model.name in IMAGE_MODELS:
-        print(
-            f"note: model={cfg.model.name} has BatchNorm, whose statistics update on every "
+        return (
+            f"model={cfg.model.name} has BatchNorm, whose statistics update on every "
             f"micro-batch of {cfg.data.batch_size}: accum={cfg.accum} matches a batch of "
             f"{cfg.data.batch_size * cfg.accum} in its gradients, not in its BatchNorm "
-            "statistics.",
-            file=sys.stderr,
+            "statistics."
         )
+    return None
 
 
-def _summary(cfg, dev, history, figures, run_name, seconds) -> None:
+def _summary(cfg, dev, history, figures, seconds, tracker, notes: list[str]) -> str:
+    """The end-of-run summary: printed, and the run's description in the MLflow UI."""
     losses, final = history.losses, history.evals[-1][1]
-    print(
+    lines = [
         f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
-        f"on {dev}: {len(losses)} steps in {seconds:.1f} s"
-    )
-    print(
+        f"on {dev}: {len(losses)} steps in {seconds:.1f} s",
         f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {final['val/loss']:.4f}"
-        f"   val/accuracy {final['val/accuracy']:.4f}"
-    )
+        f"   val/accuracy {final['val/accuracy']:.4f}",
+    ]
     if "prune/sparsity" in figures:
-        print(report.pruning_summary(figures))
-    print(
+        lines.append(report.pruning_summary(figures))
+    lines.append(
         f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
-        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB)   step "
+        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB; process RSS +"
+        f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
         f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "
         f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
         f"{figures['speed/compile_s']:.1f} s"
     )
-    print(
-        f"  MLflow: run '{run_name}' in experiment '{cfg.mlflow.experiment}' at "
-        f"{cfg.mlflow.tracking_uri}"
-    )
+    lines += [f"  note: {note}" for note in notes]
+    command, url = ui_hint(cfg.mlflow.tracking_uri, tracker.experiment_id, tracker.run_id)
+    lines.append(f"  MLflow: run '{tracker.run_name}' in experiment '{cfg.mlflow.experiment}'")
+    if command:
+        lines.append(f"  open the UI: {command}")
+    lines.append(f"  then: {url}")
+    return "\n".join(lines)
 
 
-def _log_setup(tracker, cfg: DictConfig, overrides: list[str], dev: str, gpus, jit) -> None:
+def _log_setup(tracker, cfg: DictConfig, overrides: list[str]) -> tuple[str, list, bool]:
+    """Config and versions first, then the device: a failure there is recorded in the run."""
     log_config(tracker, cfg, overrides)
-    tracker.set_tags(
-        {
-            "tensorflow": tf.__version__,
-            "keras": keras.__version__,
-            "device": dev,
-            "device_name": device.describe(dev, gpus),
-            "xla": jit,
-        }
-    )
+    tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
+    gpus = device.setup()
+    dev = device.resolve(cfg.trainer.device, gpus)
+    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, dev.startswith("/GPU"))
+    tracker.set_tags({"device": dev, "device_name": device.describe(dev, gpus), "xla": jit})
+    return dev, gpus, jit
 
 
 def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, jit, pruner):
@@ -112,61 +113,69 @@ def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, j
     )
 
 
+def _job(cfg: DictConfig, tracker, dev: str, gpus: list, jit: bool) -> tuple[dict, History]:
+    """Data, model, techniques, optimizer, the loop and the report, on `dev`."""
+    mem = Memory(dev)
+    mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
+    data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
+    built = build_model(cfg, data.spec)
+    total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+    model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
+    optimizer = precision.wrap_optimizer(build_optimizer(cfg, total_steps), cfg)
+    optimizer.build(model.trainable_variables)
+    # Shares built's variables; steps on the optimizer's clock, as the LR schedule does.
+    pruner = pruning.build_pruner(built, cfg, total_steps, optimizer)
+    build_peak = mem.peak()
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    tracker.log_params(
+        {
+            "effective_batch_size": cfg.data.batch_size * cfg.accum * replicas,
+            "replicas": replicas,
+            "params_total": model.count_params(),
+            "total_steps": total_steps,
+            "remat/policy": remat.policy,
+        }
+    )
+    history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner)
+    name = device.describe(dev, gpus)
+    facts = report.RunFacts(built, optimizer, data.spec, history, build_peak, name, jit, remat, mem)
+    figures, peak_source = report.collect(cfg, facts)
+    run_dir = _run_dir(tracker.run_id)
+    figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
+    tags = {
+        "mem/source": mem.source,
+        "mem/reserved_source": mem.reserved()[1],
+        "speed/peak_source": peak_source,
+    }
+    report.publish(tracker, figures, history, run_dir, tracker.run_name, tags)
+    return figures, history
+
+
 def run(cfg: DictConfig) -> dict:
     validate(cfg)
     overrides = _overrides()
     run_name = cfg.mlflow.run_name or " ".join(overrides) or "default"
-    gpus = device.setup()
-    dev = device.resolve(cfg.trainer.device, gpus)
-    on_gpu = dev.startswith("/GPU")
-    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
     keras.backend.clear_session()
     keras.utils.set_random_seed(cfg.trainer.seed)
     started = time.perf_counter()
-    with mlflow_run(cfg, run_name) as tracker, precision.policy(cfg, on_gpu), tf.device(dev):
-        _log_setup(tracker, cfg, overrides, dev, gpus, jit)
-        _warn_batchnorm(cfg)
-        mem = Memory(dev)
-        mem.reset()
-        data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
-        built = build_model(cfg, data.spec)
-        total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
-        pruner = pruning.build_pruner(built, cfg, total_steps)  # shares built's variables
-        model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
-        optimizer = precision.wrap_optimizer(build_optimizer(cfg, total_steps), cfg)
-        optimizer.build(model.trainable_variables)
-        build_peak = mem.peak()
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        tracker.log_params(
-            {
-                "effective_batch_size": cfg.data.batch_size * cfg.accum * replicas,
-                "replicas": replicas,
-                "params_total": model.count_params(),
-                "total_steps": total_steps,
-                "remat/policy": remat.policy,
-            }
+    # The run is opened before anything that can fail (device setup included), so every
+    # failure after the command-line check leaves a FAILED run with its error (issue 13).
+    with mlflow_run(cfg, run_name) as tracker:
+        dev, gpus, jit = _log_setup(tracker, cfg, overrides)
+        notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        with precision.policy(cfg), tf.device(dev):
+            figures, history = _job(cfg, tracker, dev, gpus, jit)
+        summary = _summary(
+            cfg, dev, history, figures, time.perf_counter() - started, tracker, notes
         )
-        history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner)
-        facts = report.RunFacts(
-            built, optimizer, data.spec, history, build_peak, device.describe(dev, gpus), jit, remat
-        )
-        figures, peak_source = report.collect(cfg, facts)
-        run_dir = _run_dir(tracker.run_id)
-        figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
-        report.publish(
-            tracker,
-            figures,
-            history,
-            run_dir,
-            run_name,
-            {"mem/source": mem.source, "speed/peak_source": peak_source},
-        )
-        run_id = tracker.run_id
-    _summary(cfg, dev, history, figures, run_name, time.perf_counter() - started)
+        tracker.set_tags({"mlflow.note.content": summary})
+    print(summary)
     return {
-        "run_id": run_id,
+        "run_id": tracker.run_id,
         "run_name": run_name,
-        "steps": total_steps,
+        "steps": len(history.losses),
         **history.evals[-1][1],
         **figures,
     }

@@ -33,7 +33,7 @@ def built(model_name="transformer", *extra):
     """(model, optimizer, cfg, spec) as runner.train.run makes them on the CPU."""
     cfg = compose_config(tiny_overrides(model_name) + list(extra))
     spec = TOKENS if model_name == "transformer" else IMAGES
-    with precision.policy(cfg, on_gpu=False):
+    with precision.policy(cfg):
         model = build_model(cfg, spec)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg), cfg)
         optimizer.build(model.trainable_variables)

@@ -1,0 +1,82 @@
+"""What a user sees first and last, and what a failure leaves behind (issue 13, items 6, 9)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, TINY, TINY_DATA, run_cli
+
+TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3", "trainer.progress=false"]
+TF_NOISE = ("absl::InitializeLog", "I0000", "cuInit", "oneDNN custom operations")
+
+
+def _cli(args, cwd, **env):
+    """run.py with the environment of a fresh shell: no log level set by this test process."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CPP_MIN_LOG_LEVEL", "TFMEMLAB_QUIET_TF")
+    }
+    return subprocess.run(
+        [sys.executable, str(REPO / "run.py"), *args],
+        cwd=cwd,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_run_speaks_first_and_says_where_to_look(tmp_path, store):
+    result = _cli([*TINY_ARGS, f"mlflow.tracking_uri={store}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[0].startswith("tfmemlab: job ")
+    assert not [line for line in result.stderr.splitlines() if any(n in line for n in TF_NOISE)]
+    client = MlflowClient(tracking_uri=store)
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    run_id, experiment = mlrun.info.run_id, mlrun.info.experiment_id
+    assert f"mlflow ui --backend-store-uri {store}" in result.stdout
+    url = f"#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
+    assert url in result.stdout
+    # The run page's description is the summary printed at the end.
+    note = mlrun.data.tags["mlflow.note.content"]
+    assert "peak" in note and url in note and note in result.stdout
+    # The CPU's model and cores, not "/CPU:0": figures compare only within one device.
+    name = mlrun.data.tags["device_name"]
+    assert name.startswith("CPU ") and name != "CPU unknown" and "core" in name
+
+
+def test_a_log_level_the_user_sets_still_wins(tmp_path, store):
+    result = _cli(
+        [*TINY_ARGS, "trainer.max_steps=1", f"mlflow.tracking_uri={store}"],
+        tmp_path,
+        TF_CPP_MIN_LOG_LEVEL="0",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert any(n in result.stderr for n in TF_NOISE)
+
+
+@pytest.mark.slow
+def test_a_job_failing_in_device_setup_leaves_a_failed_run(tmp_path, store):
+    # /GPU:9 passes the command-line check and fails in device setup, where no run used to
+    # be opened yet: the store had no run and the sweep's report dropped the job.
+    result = run_cli(
+        ["-m", "trainer.device=cpu,/GPU:9", *TINY_ARGS],
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": store},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "job 1 failed" in result.stderr
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    children = sorted(
+        (r for r in runs if r.data.tags.get("sweep") != "parent"),
+        key=lambda r: int(r.data.tags["job_num"]),
+    )
+    assert [c.info.status for c in children] == ["FINISHED", "FAILED"]
+    failed = children[1].data.tags
+    assert failed["failure"] == "error" and "trainer.device=/GPU:9" in failed["error"]
+    assert "trainer.device=cpu,/GPU:9" not in result.stdout or "FAILED" in result.stdout
