@@ -56,7 +56,8 @@ def test_a_log_level_the_user_sets_still_wins(tmp_path, store):
         TF_CPP_MIN_LOG_LEVEL="0",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert any(n in result.stderr for n in TF_NOISE)
+    # Printed while TensorFlow loads: the import itself was not silenced.
+    assert "oneDNN custom operations" in result.stderr
 
 
 @pytest.mark.slow
