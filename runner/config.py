@@ -76,14 +76,17 @@ class CheckpointingConfig:
 
 @dataclass
 class PruningConfig:
-    """Steps are optimizer steps completed (tfmot's step); runner/pruning.py has the details."""
+    """Steps are optimizer steps counted from 1 (tfmot's pruning step); runner/pruning.py has
+    the details."""
 
     schedule: str = "none"  # none | constant | polynomial | m_by_n
     target_sparsity: float = 0.5  # constant, polynomial: fraction of each kernel set to zero
     initial_sparsity: float = 0.0  # polynomial: the sparsity at begin_step
-    begin_step: int = 0  # the first mask update
-    end_step: int | None = None  # polynomial reaches target_sparsity here; null: the last step
-    frequency: int = 100  # steps between mask updates (tfmot's default)
+    power: float = 3.0  # polynomial: the exponent of the decay (tfmot's default)
+    begin_step: int = 0  # masks are chosen at begin_step + k x frequency (step 0 never runs)
+    end_step: int | None = None  # and at end_step, the last choice; null: the run's last step
+    frequency: int = 100  # steps between mask choices (tfmot's default)
+    regrow: bool = True  # pruned weights keep training and may be chosen back, as in tfmot
     m: int = 2  # m_by_n: keep the m largest of every n consecutive weights along the input axis
     n: int = 4
     include: list[str] = field(default_factory=list)  # regexes on variable paths; []: default
@@ -338,13 +341,15 @@ def _validate_trainer(cfg: DictConfig) -> None:
 
 
 def check_pruning_steps(pruning, total_steps: int) -> None:
-    """begin_step and end_step must fall before the run's last optimizer step, so the masks
-    reach their target while the run still trains; also called once total_steps is known."""
-    last = total_steps - 1
+    """begin_step and end_step must fall within the run's optimizer steps (1 to total_steps),
+    so the masks reach their target while it still trains, and the last choice (end_step,
+    null: the last step) must follow a trained step. Also called once total_steps is known."""
     for key in ("begin_step", "end_step"):
         value = pruning[key]
-        allowed = f"a step <= {last} (the run has {total_steps} optimizer steps)"
-        _require(value is None or value <= last, f"pruning.{key}", value, allowed)
+        allowed = f"a step <= {total_steps} (the run has {total_steps} optimizer steps)"
+        _require(value is None or value <= total_steps, f"pruning.{key}", value, allowed)
+    allowed = "a step >= 2, or null in a run of >= 2 optimizer steps"
+    _require(pruning.end_step is not None or total_steps >= 2, "pruning.end_step", None, allowed)
 
 
 def _validate_pruning(cfg: DictConfig) -> None:
@@ -352,12 +357,20 @@ def _validate_pruning(cfg: DictConfig) -> None:
     _check_choice(cfg, "pruning.schedule", PRUNING_SCHEDULES)
     for key in ("target_sparsity", "initial_sparsity"):
         _require(0.0 <= p[key] < 1.0, f"pruning.{key}", p[key], "a number in [0, 1)")
+    _require(p.power > 0, "pruning.power", p.power, "a number > 0")
     _check_min(cfg, "pruning.begin_step", 0)
     _check_min(cfg, "pruning.frequency", 1)
+    # Step 1 starts from the initial weights: masks chosen there would prune at random (issue
+    # 13). The first choice is at begin_step, or at frequency when begin_step is 0.
+    untrained = "(step 1 starts from the untrained weights)"
+    _require(p.begin_step != 1, "pruning.begin_step", p.begin_step, f"0 or >= 2 {untrained}")
+    first_ok = p.begin_step > 0 or p.frequency > 1
+    _require(first_ok, "pruning.frequency", p.frequency, f">= 2 with begin_step=0 {untrained}")
     _check_min(cfg, "pruning.m", 1)
     _require(p.n > p.m, "pruning.n", p.n, f"a group size > pruning.m={p.m}")
     end = p.end_step
-    _require(end is None or end >= p.begin_step, "pruning.end_step", end, "null or >= begin_step")
+    end_ok = end is None or end >= max(p.begin_step, 2)
+    _require(end_ok, "pruning.end_step", end, f"null or >= begin_step and >= 2 {untrained}")
     for key in ("include", "exclude"):
         for pattern in p[key]:
             try:

@@ -1,18 +1,38 @@
-"""Magnitude pruning in Keras 3: float32 masks beside the kernels, applied after every update.
+"""Magnitude pruning in Keras 3, stepped as tensorflow-model-optimization 0.8.1 steps it.
 
-tensorflow-model-optimization prunes only tf_keras (Keras 2) models
-(tensorflow/model-optimization#1119), so it cannot be combined with Keras 3 and our
-accumulation step. This module re-implements what it does, with tfmot as the reference:
-its schedules (pruning_schedule.py: ConstantSparsity; PolynomialDecay, which is Zhu & Gupta
-2017, https://arxiv.org/abs/1710.01878), its magnitude masks (pruning_impl.py) and its m-by-n
-masks (pruning_utils.py).
+tfmot prunes only tf_keras (Keras 2) models (tensorflow/model-optimization#1119), so it cannot
+be combined with Keras 3 and our accumulation step. This module re-implements it with tfmot as
+the reference; file:line below are tensorflow_model_optimization/python/core/sparsity/keras/
+in 0.8.1, and tests/test_pruning_tfmot.py runs tfmot itself beside this code.
 
-Steps are optimizer steps completed (`optimizer.iterations`, tfmot's pruning step): the mask
-update "at step t" runs in the Python loop just before optimizer step t + 1, and the compiled
-step multiplies each kernel by its mask right after `optimizer.apply`, so pruned weights stay
-exactly zero whatever the optimizer's momentum does. The masks belong to the Pruner, not to
-the model, so the model stays a plain Keras model: "stripping" them is saving it as it is.
-Pruning does not lower training memory: the masks add a float32 copy of every pruned kernel.
+- Clock: step t is the t-th optimizer step, from 1, i.e. `optimizer.iterations + 1` as it
+  starts; the LR schedule reads the same counter. tfmot's wrapper adds 1 to its pruning_step
+  (set to 0 by UpdatePruningStep.on_train_begin, pruning_callbacks.py:54-65) at the start of
+  every training call, then runs conditional_mask_update with it (pruning_wrapper.py:289-314):
+  its step t is ours. A float16 step skipped for overflow advances neither of our clocks.
+- When: masks are chosen at the start of step t if begin_step <= t <= end_step and
+  (t - begin_step) % frequency == 0 (_should_prune_in_step, pruning_schedule.py:40-64), so with
+  begin_step 0 the first choice is at step `frequency`, after frequency - 1 trained steps. Ours
+  adds end_step itself, so polynomial ends on target_sparsity when end_step - begin_step is not
+  a multiple of frequency (tfmot stops short). config.py refuses a first choice at step 1: it
+  would rank the initial weights, i.e. prune at random.
+- What: a kernel keeps its max(round(size x (1 - s)), 1) largest |w|, at least one weight
+  (_update_mask, pruning_impl.py:91-100, float32 as there); tfmot also keeps every |w| tied
+  with the last one kept, we keep exactly that many. m_by_n keeps the m largest of every n along
+  the input axis (pruning_utils.py:193-330); tfmot chooses those once, at step 1 (pruning_impl.py:
+  260-262), on untrained weights: here they follow begin_step and frequency like the others.
+- Regrowth: tfmot assigns weight x mask to each kernel at every call, before the forward pass
+  (pruning_wrapper.py:316-321; pruning_impl.py:204-254), and the optimizer then updates every
+  weight, pruned ones included: at the next choice a pruned weight whose one-step update
+  outgrew a kept weight comes back. Our compiled step, right after optimizer.apply, chooses the
+  masks of the next step when it is a choice step (from the weights tfmot would rank), then
+  multiplies each kernel by its mask, so the forward pass, evaluation and the saved model all
+  see tfmot's weights. pruning.regrow=false ranks pruned weights below every kept one: a
+  pruned weight stays pruned.
+
+The masks belong to the Pruner, not to the model, so the model stays a plain Keras model:
+"stripping" them is saving it as it is. Pruning does not lower training memory: the masks add
+a float32 copy of every pruned kernel.
 """
 
 import gzip
@@ -29,18 +49,20 @@ from omegaconf import DictConfig
 
 from runner.config import ConfigError, check_pruning_steps
 
+# Depthwise kernels are left dense, as tfmot's prune_registry.py:62-64 does (DepthwiseConv2D:
+# nothing; SeparableConv: pointwise_kernel only): a 3x3 filter per channel has few weights to
+# save and each of them carries a whole channel.
 _CONV = (
     keras.layers.Conv1D,
     keras.layers.Conv2D,
     keras.layers.Conv3D,
-    keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D,
     keras.layers.SeparableConv1D,
     keras.layers.SeparableConv2D,
 )
 # Transposed convolutions keep their kernels as (..., out_channels, in_channels).
 _TRANSPOSED = (keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose)
 _PRUNABLE = (keras.layers.Dense, keras.layers.EinsumDense, *_CONV, *_TRANSPOSED)
+_KERNELS = ("kernel", "pointwise_kernel")
 
 
 def _walk(layer):
@@ -70,7 +92,7 @@ def _default_kernels(model) -> list:
         for layer in layers
         if layer is not first_conv
         for v in layer.trainable_weights
-        if v.name.endswith("kernel")  # kernel, depthwise_kernel, pointwise_kernel
+        if v.name in _KERNELS
     ]
 
 
@@ -83,7 +105,7 @@ def select_kernels(model, cfg: DictConfig) -> list:
 
     pruning.include (regexes on variable paths such as "block_0/mlp_up/kernel"), when given,
     replaces the default selection; pruning.exclude then removes matching variables.
-    Embeddings, biases and norms are not in the default selection.
+    Embeddings, biases, norms and depthwise kernels are not in the default selection.
     """
     p = cfg.pruning
     if p.include:
@@ -93,45 +115,51 @@ def select_kernels(model, cfg: DictConfig) -> list:
     return [v for v in chosen if not _matches(v.path, p.exclude)]
 
 
-def _last_step(p, total_steps: int) -> int:
-    return total_steps - 1 if p.end_step is None else p.end_step
+def _end(p, total_steps: int) -> int:
+    return total_steps if p.end_step is None else p.end_step
 
 
-def is_update_step(p, step: int, total_steps: int) -> bool:
-    """Masks are recomputed at begin_step + k * frequency up to end_step, as in tfmot, and at
-    end_step itself, so the schedule ends on target_sparsity even when end_step - begin_step is
-    not a multiple of frequency (tfmot then stops short of it)."""
-    end = _last_step(p, total_steps)
-    if p.schedule == "none" or not p.begin_step <= step <= end:
+def is_update_step(p, step, total_steps: int):
+    """Are masks chosen at the start of step `step` (from 1)? For a Python int or an int64
+    tensor (the compiled step asks with optimizer.iterations + 1)."""
+    if p.schedule == "none":
         return False
-    return (step - p.begin_step) % p.frequency == 0 or step == end
+    begin, end = p.begin_step, _end(p, total_steps)
+    on_grid = (step - begin) % p.frequency == 0
+    return (step >= begin) & (step <= end) & (on_grid | (step == end))
+
+
+def scheduled_sparsity(p, step, total_steps: int) -> tf.Tensor:
+    """The schedule's sparsity at step `step`, in float32 op for op as tfmot computes it
+    (ConstantSparsity, PolynomialDecay.__call__: pruning_schedule.py:163-166, 222-246)."""
+    if p.schedule == "m_by_n":
+        return tf.constant(1.0 - p.m / p.n, tf.float32)
+    if p.schedule == "constant":
+        return tf.constant(p.target_sparsity, tf.float32)
+    begin, end = p.begin_step, _end(p, total_steps)
+    if end == begin:  # tfmot would divide by zero
+        return tf.constant(p.target_sparsity, tf.float32)
+    # Zhu & Gupta 2017, eq. (1): s_t = s_f + (s_i - s_f)(1 - (t - t0) / (n dt))^power.
+    done = tf.minimum(1.0, tf.maximum(0.0, tf.cast(step - begin, tf.float32) / (end - begin)))
+    decay = (p.initial_sparsity - p.target_sparsity) * tf.pow(1 - done, p.power)
+    return decay + p.target_sparsity
 
 
 def sparsity_at(p, step: int, total_steps: int) -> float:
-    """The sparsity the masks hold during optimizer step step + 1: the schedule's value at the
-    last mask update at or before `step` (0 before begin_step)."""
-    if p.schedule == "none" or step < p.begin_step:
-        return 0.0
-    if p.schedule == "m_by_n":
-        return 1.0 - p.m / p.n
-    if p.schedule == "constant":
-        return p.target_sparsity
-    begin, end = p.begin_step, _last_step(p, total_steps)
-    last = end if step >= end else begin + (step - begin) // p.frequency * p.frequency
-    done = (last - begin) / (end - begin) if end > begin else 1.0
-    # Zhu & Gupta 2017, eq. (1): s_t = s_f + (s_i - s_f)(1 - (t - t0) / (n dt))^3.
-    return p.target_sparsity + (p.initial_sparsity - p.target_sparsity) * (1.0 - done) ** 3
+    """The sparsity the masks hold during step `step`: the schedule's value at the last choice
+    at or before it (0 before the first)."""
+    chosen = [t for t in range(2, step + 1) if is_update_step(p, t, total_steps)]
+    return float(scheduled_sparsity(p, chosen[-1], total_steps)) if chosen else 0.0
 
 
-def magnitude_mask(weights: np.ndarray, sparsity: float) -> np.ndarray:
-    """Zero exactly round(sparsity x size) of the smallest |w|. (tfmot keeps every |w| at or
-    above a threshold, so ties can leave it a few zeros short.)"""
-    flat = np.abs(weights).ravel()
-    zeros = round(sparsity * flat.size)
-    mask = np.ones(flat.size, np.float32)
-    if zeros:
-        mask[np.argpartition(flat, zeros - 1)[:zeros]] = 0.0
-    return mask.reshape(weights.shape)
+def magnitude_mask(scores: tf.Tensor, sparsity: tf.Tensor) -> tf.Tensor:
+    """1 for the max(round(size x (1 - sparsity)), 1) largest scores (|w|), 0 elsewhere."""
+    flat = tf.reshape(scores, [-1])
+    size = flat.shape[0]
+    kept = tf.maximum(tf.round(tf.cast(size, tf.float32) * (1 - sparsity)), 1)
+    _, order = tf.math.top_k(flat, k=size)  # descending; ties: lower index first, as tfmot
+    keep = tf.cast(tf.range(size) < tf.cast(kept, tf.int32), tf.float32)
+    return tf.reshape(tf.scatter_nd(order[:, None], keep, [size]), scores.shape)
 
 
 def input_axes(layer, rank: int) -> tuple[int, ...]:
@@ -148,31 +176,32 @@ def input_axes(layer, rank: int) -> tuple[int, ...]:
     return (0,)  # Dense (in, out), and any variable chosen by pruning.include
 
 
-def m_by_n_mask(weights: np.ndarray, axes: tuple[int, ...], m: int, n: int) -> np.ndarray:
-    """Keep the m largest |w| in every n consecutive weights along `axes` (flattened in order).
+def m_by_n_mask(scores: tf.Tensor, axes: tuple[int, ...], m: int, n: int) -> tf.Tensor:
+    """Keep the m largest scores in every n consecutive ones along `axes` (flattened in order).
 
     Like tfmot's generate_m_by_n_mask, a last shorter group is padded; the pads rank below
-    every real weight, so it keeps its m largest too. (tfmot's m counts zeros; here m counts
+    every real score, so it keeps its m largest too. (tfmot's m counts zeros; here m counts
     the weights kept, as in NVIDIA's "2:4". Both mean the same for 2:4.)
     """
-    perm = [a for a in range(weights.ndim) if a not in axes] + list(axes)
-    moved = np.abs(np.transpose(weights, perm))
-    rows = moved.reshape(-1, math.prod(weights.shape[a] for a in axes))
-    padded = np.pad(rows, ((0, 0), (0, -rows.shape[1] % n)), constant_values=-1.0)
-    groups = padded.reshape(-1, n)
-    keep = np.argsort(-groups, axis=1, kind="stable")[:, :m]
-    mask = np.zeros(groups.shape, np.float32)
-    np.put_along_axis(mask, keep, 1.0, axis=1)
-    mask = mask.reshape(padded.shape)[:, : rows.shape[1]].reshape(moved.shape)
-    return np.transpose(mask, np.argsort(perm))
+    perm = [a for a in range(len(scores.shape)) if a not in axes] + list(axes)
+    moved = tf.transpose(scores, perm)
+    length = math.prod(scores.shape[a] for a in axes)
+    rows = tf.reshape(moved, [-1, length])
+    padded = tf.pad(rows, [[0, 0], [0, -length % n]], constant_values=-np.inf)
+    _, keep = tf.math.top_k(tf.reshape(padded, [-1, n]), k=m)  # ties: lower index first
+    groups = tf.reduce_sum(tf.one_hot(keep, n, dtype=tf.float32), axis=1)
+    mask = tf.reshape(groups, tf.shape(padded))[:, :length]
+    return tf.transpose(tf.reshape(mask, moved.shape), np.argsort(perm))
 
 
 class Pruner:
-    """One float32 mask per selected kernel; update_masks between steps, apply_masks in them."""
+    """One float32 mask per selected kernel, chosen and applied by `after_update`, which the
+    compiled step runs right after each optimizer update (runner/step.py)."""
 
-    def __init__(self, model, cfg: DictConfig, total_steps: int):
+    def __init__(self, model, cfg: DictConfig, total_steps: int, optimizer):
         check_pruning_steps(cfg.pruning, total_steps)
         self.model, self.cfg, self.total_steps = model, cfg.pruning, total_steps
+        self.optimizer = optimizer  # its iterations are the clock (a LossScaleOptimizer's: inner)
         self.kernels = select_kernels(model, cfg)
         if not self.kernels:
             key = "include" if cfg.pruning.include else "exclude"
@@ -184,30 +213,37 @@ class Pruner:
             tf.Variable(tf.ones(v.shape, tf.float32), trainable=False, name=f"mask/{v.path}")
             for v in self.kernels
         ]
-        self.updates: list[tuple[int, float]] = []  # (step, scheduled sparsity)
         self.dense_gzip_bytes = gzip_weights_bytes(model)  # as built, before any pruning
 
-    def update_masks(self, step: int) -> bool:
-        """Recompute the masks from the current |w| if `step` is an update step, and apply them
-        at once, so the next forward pass already sees the pruned weights."""
-        p = self.cfg
-        if not is_update_step(p, step, self.total_steps):
-            return False
-        sparsity = sparsity_at(p, step, self.total_steps)
-        for kernel, mask, axes in zip(self.kernels, self.masks, self.axes, strict=True):
-            weights = keras.ops.convert_to_numpy(kernel)
-            if p.schedule == "m_by_n":
-                mask.assign(m_by_n_mask(weights, axes, p.m, p.n))
-            else:
-                mask.assign(magnitude_mask(weights, sparsity))
-        self.apply_masks()
-        self.updates.append((step, sparsity))
-        return True
-
-    def apply_masks(self) -> None:
-        """kernel <- kernel x mask: run eagerly, or traced into the compiled step."""
+    def after_update(self) -> None:
+        """If the next step is a choice step, choose its masks from the updated weights; then
+        kernel <- kernel x mask. Run eagerly, or traced into the compiled step."""
+        step = tf.convert_to_tensor(self.optimizer.iterations) + 1  # the next step, from 1
+        due = is_update_step(self.cfg, step, self.total_steps)
+        tf.cond(due, lambda: self._choose_masks(step), lambda: None)
         for kernel, mask in zip(self.kernels, self.masks, strict=True):
             kernel.assign(kernel.value * tf.cast(mask, kernel.dtype))
+
+    def _choose_masks(self, step) -> None:
+        p = self.cfg
+        sparsity = scheduled_sparsity(p, step, self.total_steps)
+        for kernel, mask, axes in zip(self.kernels, self.masks, self.axes, strict=True):
+            scores = tf.abs(tf.cast(kernel.value, tf.float32))
+            if not p.regrow:
+                scores = tf.where(mask > 0, scores, -1.0)
+            if p.schedule == "m_by_n":
+                mask.assign(m_by_n_mask(scores, axes, p.m, p.n))
+            else:
+                mask.assign(magnitude_mask(scores, sparsity))
+
+    @property
+    def updates(self) -> list[tuple[int, float]]:
+        """(step, scheduled sparsity) of each choice so far: masks for step t are chosen once
+        optimizer.iterations reaches t - 1."""
+        done = int(self.optimizer.iterations)
+        p, total = self.cfg, self.total_steps
+        steps = [t for t in range(2, done + 2) if is_update_step(p, t, total)]
+        return [(t, float(scheduled_sparsity(p, t, total))) for t in steps]
 
     def mask_bytes(self) -> int:
         return sum(4 * math.prod(v.shape) for v in self.kernels)
@@ -233,11 +269,12 @@ def gzip_weights_bytes(model) -> int:
         return len(gzip.compress(path.read_bytes(), compresslevel=9))
 
 
-def build_pruner(model, cfg: DictConfig, total_steps: int) -> Pruner | None:
-    """A Pruner for `model` as built (checkpointing's wrapper shares its variables), or None."""
+def build_pruner(model, cfg: DictConfig, total_steps: int, optimizer) -> Pruner | None:
+    """A Pruner for `model` as built (checkpointing's wrapper shares its variables), stepped by
+    `optimizer`'s iterations; None without pruning."""
     if cfg.pruning.schedule == "none":
         return None
-    pruner = Pruner(model, cfg, total_steps)
+    pruner = Pruner(model, cfg, total_steps, optimizer)
     print(
         f"note: pruning={cfg.pruning.schedule} does not lower training memory: the dense "
         f"weights, gradients and optimizer slots all stay, and the masks add a float32 copy of "

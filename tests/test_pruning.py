@@ -1,5 +1,6 @@
-"""Pruning (issue 6): schedules against the formula, exact sparsity, zeros that stay zero,
-the 2:4 pattern, which weights are chosen, and what a pruned run records in MLflow."""
+"""Pruning (issues 6 and 13): schedules against the formula, tfmot's steps, kept counts, the 2:4
+pattern, regrowth, one clock with the optimizer, which weights are chosen, and what a pruned
+run records in MLflow. tests/test_pruning_tfmot.py runs tfmot itself beside the Pruner."""
 
 import csv
 
@@ -28,6 +29,7 @@ def schedule(**keys):
 
 
 # Expected values written out from the formulas (Zhu & Gupta 2017, eq. 1; tfmot's schedules).
+# Steps count from 1; masks hold, during step t, the schedule's value at the last choice <= t.
 POLY = dict(
     schedule="polynomial",
     initial_sparsity=0.1,
@@ -36,6 +38,7 @@ POLY = dict(
     end_step=1100,
     frequency=100,
 )
+HALF = dict(schedule="polynomial", target_sparsity=0.5)  # begin 0, frequency 100, end: last step
 SCHEDULE_VALUES = [
     (POLY, 99, 0.0),  # before begin_step: dense
     (POLY, 100, 0.1),  # s_i at t0
@@ -43,16 +46,19 @@ SCHEDULE_VALUES = [
     (POLY, 300, 0.8 - 0.7 * 0.8**3),  # (t - t0) / (n dt) = 0.2
     (POLY, 600, 0.8 - 0.7 * 0.5**3),  # halfway: 0.7125
     (POLY, 699, 0.8 - 0.7 * 0.5**3),
+    ({**POLY, "power": 2.0}, 600, 0.8 - 0.7 * 0.5**2),  # pruning.power, tfmot's exponent
     (POLY, 1100, 0.8),  # s_f at end_step, and after it
     (POLY, 5000, 0.8),
-    # end_step null in a 200-step run: the last step is 199, also a mask update
-    (dict(schedule="polynomial", target_sparsity=0.5), 100, 0.5 * (1 - (99 / 199) ** 3)),
-    (dict(schedule="polynomial", target_sparsity=0.5), 199, 0.5),
+    (HALF, 99, 0.0),  # begin_step 0: the first choice is at step 100, not at step 0
+    (HALF, 100, 0.5 * (1 - 0.5**3)),
+    (HALF, 199, 0.5 * (1 - 0.5**3)),
+    (HALF, 200, 0.5),  # end_step null in a 200-step run: the last step, also a choice
     (dict(schedule="constant", target_sparsity=0.6, begin_step=10), 9, 0.0),
     (dict(schedule="constant", target_sparsity=0.6, begin_step=10), 10, 0.6),
     (dict(schedule="constant", target_sparsity=0.6, begin_step=10), 157, 0.6),
-    (dict(schedule="m_by_n", m=2, n=4), 0, 0.5),
-    (dict(schedule="m_by_n", m=1, n=4), 0, 0.75),
+    (dict(schedule="constant", target_sparsity=0.6), 99, 0.0),
+    (dict(schedule="m_by_n", m=2, n=4), 100, 0.5),
+    (dict(schedule="m_by_n", m=1, n=4), 100, 0.75),
     (dict(schedule="none"), 50, 0.0),
 ]
 
@@ -62,20 +68,33 @@ def test_schedule_values_follow_the_formula(keys, step, expected):
     assert pruning.sparsity_at(schedule(**keys), step, 200) == pytest.approx(expected)
 
 
-def test_update_steps_are_frequency_multiples_and_end_step():
-    p = schedule(schedule="polynomial", begin_step=10, frequency=50)
-    updates = [t for t in range(200) if pruning.is_update_step(p, t, 200)]
-    assert updates == [10, 60, 110, 160, 199]
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        (dict(begin_step=10, frequency=50), [10, 60, 110, 160, 200]),
+        (dict(begin_step=0, frequency=50), [50, 100, 150, 200]),  # tfmot: no step 0
+        (dict(begin_step=0, frequency=30, end_step=100), [30, 60, 90, 100]),  # and end_step
+    ],
+)
+def test_choice_steps_are_tfmot_steps_and_end_step(keys, expected):
+    p = schedule(schedule="polynomial", **keys)
+    assert [t for t in range(1, 201) if pruning.is_update_step(p, t, 200)] == expected
 
 
 BAD_PRUNING = [
     (["pruning.schedule=magnitude"], "pruning.schedule=magnitude", "m_by_n"),
     (["pruning.target_sparsity=1.0"], "pruning.target_sparsity=1.0", "[0, 1)"),
     (["pruning.initial_sparsity=-0.1"], "pruning.initial_sparsity=-0.1", "[0, 1)"),
+    (["pruning.power=0"], "pruning.power=0", "> 0"),
     (["pruning.frequency=0"], "pruning.frequency=0", ">= 1"),
+    # a first choice at step 1 would rank the untrained weights
+    (["pruning.begin_step=1"], "pruning.begin_step=1", "0 or >= 2"),
+    (["pruning.frequency=1"], "pruning.frequency=1", ">= 2 with begin_step=0"),
+    (["pruning.end_step=1"], "pruning.end_step=1", ">= 2"),
+    (["trainer.max_steps=1"], "pruning.end_step=None", ">= 2 optimizer steps"),
     (["pruning=m_by_n", "pruning.m=4"], "pruning.n=4", "pruning.m=4"),
     (["pruning.begin_step=50", "pruning.end_step=10"], "pruning.end_step=10", ">= begin_step"),
-    (["pruning.begin_step=200"], "pruning.begin_step=200", "<= 199"),
+    (["pruning.begin_step=201"], "pruning.begin_step=201", "<= 200"),
     (["pruning.include=['mlp_(']"], "pruning.include=mlp_(", "regular expressions"),
 ]
 
@@ -88,10 +107,18 @@ def test_bad_pruning_config_fails_in_one_line(overrides, message, allowed):
     assert str(err.value).startswith(message) and allowed in str(err.value)
 
 
-def test_magnitude_mask_zeros_exactly_the_smallest():
-    weights = np.random.default_rng(0).normal(size=(37, 11))
-    mask = pruning.magnitude_mask(weights, 0.3)
-    assert (mask == 0).sum() == round(0.3 * weights.size)
+@pytest.mark.parametrize(
+    ("shape", "sparsity", "kept"),
+    [
+        ((37, 11), 0.3, 285),  # round(407 x 0.7)
+        ((5,), 0.5, 2),  # round half to even, in float32 as tfmot: 2.5 -> 2
+        ((100,), 0.9999, 1),  # at least one weight per kernel, as tfmot
+    ],
+)
+def test_magnitude_mask_keeps_the_largest(shape, sparsity, kept):
+    weights = np.random.default_rng(0).normal(size=shape).astype("float32")
+    mask = pruning.magnitude_mask(tf.abs(weights), tf.constant(sparsity)).numpy()
+    assert (mask == 1).sum() == kept
     assert np.abs(weights[mask == 0]).max() < np.abs(weights[mask == 1]).min()
 
 
@@ -107,8 +134,8 @@ def groups_of(weights, axes, n):
     ids=["dense", "conv2d", "attention_qkv", "attention_output"],
 )
 def test_m_by_n_mask_keeps_the_largest_two_of_four(shape, axes):
-    weights = np.random.default_rng(1).normal(size=shape)
-    mask = pruning.m_by_n_mask(weights, axes, 2, 4)
+    weights = np.random.default_rng(1).normal(size=shape).astype("float32")
+    mask = pruning.m_by_n_mask(tf.abs(weights), axes, 2, 4).numpy()
     kept, magnitudes = groups_of(mask, axes, 4), groups_of(np.abs(weights), axes, 4)
     assert (kept.sum(axis=1) == 2).all()
     smallest_kept = np.where(kept == 1, magnitudes, np.inf).min(axis=1)
@@ -136,13 +163,14 @@ def test_default_selection_skips_embeddings_biases_norms():
     ]
 
 
-def test_first_conv_and_batchnorm_are_skipped_and_estimate_agrees():
+def test_first_conv_depthwise_and_batchnorm_are_skipped_and_estimate_agrees():
     keras.backend.clear_session()
     cfg = compose_config(tiny_overrides("mobilenet") + ["pruning=constant"])
     model = build_model(cfg, IMAGES)
     chosen = pruning.select_kernels(model, cfg)
     assert "Conv1/kernel" not in paths(chosen)  # MobileNetV2's first conv
-    assert "expanded_conv_depthwise/kernel" in paths(chosen)
+    assert "block_1_project/kernel" in paths(chosen)
+    assert not [v.path for v in chosen if "depthwise" in v.path]  # as tfmot's prune_registry
     assert all(v.path.endswith("kernel") for v in chosen)
     optimizer = build_optimizer(cfg)
     optimizer.build(model.trainable_variables)
@@ -150,32 +178,116 @@ def test_first_conv_and_batchnorm_are_skipped_and_estimate_agrees():
     assert masks == sum(4 * v.numpy().size for v in chosen)
 
 
+def test_separable_conv_prunes_its_pointwise_kernel_only():
+    keras.backend.clear_session()
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, name="first"),
+            keras.layers.SeparableConv2D(8, 3, name="separable"),
+            keras.layers.DepthwiseConv2D(3, name="depthwise"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2, name="head"),
+        ]
+    )
+    chosen = pruning.select_kernels(model, compose_config(["pruning=constant"]))
+    assert [v.name for v in chosen] == ["pointwise_kernel", "kernel"]
+    assert [v.path.split("/")[-2] for v in chosen] == ["separable", "head"]
+
+
+def dense_pruner(overrides, total_steps, optimizer):
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, use_bias=False)])
+    return pruning.Pruner(model, compose_config(overrides), total_steps, optimizer)
+
+
+@pytest.mark.parametrize("regrow", [True, False])
+def test_pruned_weights_regrow_only_with_regrow(regrow):
+    """Same kernel, same updates (pruned weights included), choices every 2 steps while the
+    sparsity rises: with regrow some pruned weights come back; without, the pruned set only
+    grows."""
+    keys = ["pruning=polynomial", "pruning.frequency=2", "pruning.target_sparsity=0.8"]
+    optimizer = keras.optimizers.SGD(1.0)
+    pruner = dense_pruner([*keys, f"pruning.regrow={regrow}"], 12, optimizer)
+    kernel, mask = pruner.kernels[0], pruner.masks[0]
+
+    @tf.function
+    def step(delta):
+        optimizer.apply([-delta], [kernel])
+        pruner.after_update()
+
+    rng = np.random.default_rng(4)
+    before, regrown = mask.numpy() == 0, 0
+    for _ in range(12):
+        step(tf.constant(rng.normal(0, 0.05, kernel.shape), tf.float32))
+        pruned = mask.numpy() == 0
+        assert (kernel.numpy()[pruned] == 0).all()  # what the next forward pass sees
+        regrown += int((before & ~pruned).sum())
+        before = pruned
+    assert pruned.sum() == round(0.8 * 512)
+    assert (regrown > 0) == regrow
+
+
+def test_a_step_skipped_for_overflow_advances_neither_clock():
+    """Pruning steps by optimizer.iterations, as the LR schedule does: a float16 step skipped
+    by LossScaleOptimizer does not count. Choices every 3 steps: the first is at step 3,
+    after two real updates, not after two calls of the step."""
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    pruner = dense_pruner(["pruning=constant", "pruning.frequency=3"], 10, optimizer)
+    kernel = pruner.kernels[0]
+    optimizer.build([kernel])
+
+    @tf.function
+    def step(grad):
+        optimizer.apply([grad], [kernel])
+        pruner.after_update()
+
+    finite = tf.ones(kernel.shape)
+    for grad, iterations, chosen in [
+        (finite, 1, False),
+        (finite * np.inf, 1, False),  # skipped: the scale halves, nothing else moves
+        (finite, 2, True),  # the next step is step 3
+    ]:
+        step(grad)
+        assert int(optimizer.iterations) == iterations
+        assert (pruner.masks[0].numpy() == 0).any() == chosen
+    assert pruner.updates == [(3, 0.5)]
+
+
 @pytest.mark.parametrize(
     ("optimizer", "accum"), [("adam", 1), ("sgd", 2)], ids=["adam", "sgd_momentum_accum2"]
 )
-def test_zeros_stay_zero_across_steps(optimizer, accum):
+def test_pruned_weights_are_zero_after_every_step(optimizer, accum):
+    """The compiled step chooses masks every 2 steps and masks the kernels after each update,
+    whatever momentum and Adam's moments do; the kept weights train."""
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     extra = [f"trainer.optimizer={optimizer}", "trainer.lr=0.05", f"accum={accum}"]
-    cfg = compose_config(tiny_overrides("transformer") + ["pruning=constant", *extra])
+    cfg = compose_config(
+        tiny_overrides("transformer") + ["pruning=constant", "pruning.frequency=2", *extra]
+    )
     model = build_model(cfg, TOKENS)
     opt = build_optimizer(cfg)
-    pruner = pruning.Pruner(model, cfg, total_steps=10)
+    pruner = pruning.Pruner(model, cfg, 6, opt)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    step = make_train_step(model, opt, loss_fn, accum, False, pruner.apply_masks)
+    step = make_train_step(model, opt, loss_fn, accum, False, pruner.after_update)
     free = make_train_step(model, opt, loss_fn, accum, False)  # control: no masking
     xs = tf.random.uniform((accum, 4, 8), 0, 16, tf.int32)
-    pruner.update_masks(0)  # step 0: first mask update; masks hold from here on
-    pruned = [m.numpy() == 0 for m in pruner.masks]
     before = [k.numpy().copy() for k in pruner.kernels]
-    for _ in range(5):  # momentum and Adam's moments keep pushing the pruned weights
+    for _ in range(5):
         step(zip(xs, xs, strict=True))
-        for kernel, zero in zip(pruner.kernels, pruned, strict=True):
+        for kernel, mask in zip(pruner.kernels, pruner.masks, strict=True):
+            zero = mask.numpy() == 0
+            assert zero.mean() == pytest.approx(0.5, abs=0.01)
             assert (kernel.numpy()[zero] == 0).all()
-    for kernel, start, zero in zip(pruner.kernels, before, pruned, strict=True):
-        assert (kernel.numpy() != start)[~zero].mean() > 0.5  # the kept weights trained
+    assert [t for t, _ in pruner.updates] == [2, 4, 6]
+    for kernel, start, mask in zip(pruner.kernels, before, pruner.masks, strict=True):
+        kept = mask.numpy() == 1
+        assert (kernel.numpy() != start)[kept].mean() > 0.5  # the kept weights trained
     free(zip(xs, xs, strict=True))
-    assert any((k.numpy()[z] != 0).any() for k, z in zip(pruner.kernels, pruned, strict=True))
+    zeros = [m.numpy() == 0 for m in pruner.masks]
+    assert any((k.numpy()[z] != 0).any() for k, z in zip(pruner.kernels, zeros, strict=True))
 
 
 def pruned_model(client, run_id, policy="float32"):
@@ -222,7 +334,8 @@ def test_two_of_four_holds_after_a_run_with_every_other_technique(tiny_cfg, stor
     assert result["prune/sparsity"] == pytest.approx(0.5)
     client = MlflowClient(tracking_uri=store)
     model = pruned_model(client, result["run_id"], "mixed_float16")
-    pruner = pruning.Pruner(model, compose_config(["pruning=m_by_n"]), total_steps=3)
+    cfg = compose_config(["pruning=m_by_n"])
+    pruner = pruning.Pruner(model, cfg, 3, keras.optimizers.SGD())
     assert len(pruner.kernels) == 7
     for kernel, axes in zip(pruner.kernels, pruner.axes, strict=True):
         nonzero = groups_of(kernel.numpy() != 0, axes, 4).sum(axis=1)
