@@ -55,13 +55,10 @@ def train(
     progress: bool,
     mem: Memory,
     step_metrics=None,
-    before_step=None,
 ) -> History:
     """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end).
 
     step_metrics: optional callable returning extra per-step metrics (the loss scale).
-    before_step: optional callable given the optimizer steps done so far, run between steps
-    and outside their timing (pruning's mask updates).
     """
     history = History()
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
@@ -78,8 +75,6 @@ def train(
 
     micro_batches = batches()
     for step in range(1, total_steps + 1):
-        if before_step is not None:
-            before_step(step - 1)
         mem.reset()  # this step's peak is its own (a reset is cheap: no synchronisation)
         wait[0] = 0.0
         start = time.perf_counter()

@@ -41,8 +41,9 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
     (inputs, targets) micro-batches drawn from the iterator `batches`.
 
     after_update: optional callable traced in right after optimizer.apply (pruning's
-    apply_masks). It runs once per optimizer step, i.e. only after real updates when
-    accum > 1; after an update skipped for float16 overflow it finds the weights unchanged."""
+    Pruner.after_update, which reads optimizer.iterations). It runs once per optimizer step,
+    i.e. only after real updates when accum > 1; after an update skipped for float16 overflow
+    it finds the weights and optimizer.iterations unchanged."""
     variables = model.trainable_variables
     scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
 

@@ -94,11 +94,11 @@ def _log_setup(tracker, cfg: DictConfig, overrides: list[str]) -> tuple[str, lis
 
 
 def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, jit, pruner):
-    """The compiled steps around the readable loop; evaluation, the loss scale and pruning's
-    masks (updated between steps, applied after each update) as hooks."""
+    """The compiled steps around the readable loop; evaluation and the loss scale as hooks,
+    pruning's masks chosen and applied inside the step, right after each update."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     eval_step = make_eval_step(model, loss_fn, jit)
-    after_update = pruner.apply_masks if pruner else None
+    after_update = pruner.after_update if pruner else None
     return train(
         make_train_step(model, optimizer, loss_fn, cfg.accum, jit, after_update),
         lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
@@ -109,7 +109,6 @@ def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, j
         cfg.trainer.progress,
         mem,
         precision.step_metrics(optimizer),
-        pruner.update_masks if pruner else None,
     )
 
 
