@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from runner import compare
-from runner.tracking import PARENT_ENV, client_for, experiment_id
+from runner.tracking import PARENT_ENV, client_for, experiment_id, ui_hint
 
 MARKERS = "osD^vP*Xph"  # hollow and distinct, so that jobs on the same spot stay visible
 
@@ -54,13 +54,28 @@ class SweepCallback(Callback):
                 client.log_artifact(parent_id, str(path), artifact_path="report")
                 (sweep_dir / path.name).write_bytes(path.read_bytes())
         failed = [r["job"] for r in rows if r["status"] != "FINISHED"]
+        summary = _summary(config, client, parent_id, rows, failed, sweep_dir)
+        # The parent's page in the MLflow UI says in words what the sweep found.
+        client.set_tag(parent_id, "mlflow.note.content", summary)
         client.set_tag(parent_id, "failed_jobs", str(len(failed)))
         client.set_terminated(parent_id, status="FINISHED")
-        print(compare.text(rows))
-        print(
-            f"tfmemlab: sweep {parent_id}: {len(rows)} jobs, {len(failed)} failed; report in "
-            f"{sweep_dir} and in the parent run's artifacts (report/)"
-        )
+        print(summary)
+
+
+def _summary(config, client, parent_id, rows, failed, sweep_dir) -> str:
+    """The comparison table, where the report is, and how to open the comparison in the UI."""
+    uri = config.mlflow.tracking_uri
+    experiment = client.get_run(parent_id).info.experiment_id
+    command, url = ui_hint(uri, experiment)
+    lines = [
+        compare.text(rows),
+        f"tfmemlab: sweep {parent_id}: {len(rows)} jobs, {len(failed)} failed; report in "
+        f"{sweep_dir} and in the parent run's artifacts (report/)",
+    ]
+    if command:
+        lines.append(f"  open the UI: {command}")
+    lines.append(f"  then: {url} (expand the parent run '{parent_id}' to compare its jobs)")
+    return "\n".join(lines)
 
 
 def name_runs(client: MlflowClient, runs: list[Run], rows: list[dict]) -> None:

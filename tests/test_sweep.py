@@ -138,6 +138,12 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(isolate, tmp_path, store, 
     assert [c.info.status for c in children] == ["FINISHED", "FAILED"]
     assert children[1].data.tags["failure"] == "nan" and children[1].data.tags["error"]
     assert parent.data.tags["failed_jobs"] == "1"
+    # The parent's description is the sweep's summary: its table and where to open it.
+    note = parent.data.tags["mlflow.note.content"]
+    experiment = parent.info.experiment_id
+    assert "peak_MiB/base" in note and note in result.stdout
+    assert f"#/experiments/{experiment}/runs?workflowType=machine_learning" in note
+    assert f"mlflow ui --backend-store-uri {store}" in note
     # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
     assert [c.info.run_name for c in children] == ["baseline", "trainer.lr=1e+30"]
     assert "trainer.lr=1e+30" in children[1].data.tags["overrides"]
