@@ -8,6 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import REPO, TINY, TINY_DATA, run_cli
+from tests.test_sweep import _sweep
 
 TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3", "trainer.progress=false"]
 TF_NOISE = ("absl::InitializeLog", "I0000", "cuInit", "oneDNN custom operations")
@@ -64,20 +65,11 @@ def test_a_log_level_the_user_sets_still_wins(tmp_path, store):
 def test_a_job_failing_in_device_setup_leaves_a_failed_run(tmp_path, store):
     # /GPU:9 passes the command-line check and fails in device setup, where no run used to
     # be opened yet: the store had no run and the sweep's report dropped the job.
-    result = run_cli(
-        ["-m", "trainer.device=cpu,/GPU:9", *TINY_ARGS],
-        cwd=tmp_path,
-        env={"MLFLOW_TRACKING_URI": store},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "job 1 failed" in result.stderr
-    client = MlflowClient(tracking_uri=store)
-    runs = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
-    children = sorted(
-        (r for r in runs if r.data.tags.get("sweep") != "parent"),
-        key=lambda r: int(r.data.tags["job_num"]),
-    )
+    args = ["-m", "trainer.device=cpu,/GPU:9", *TINY_ARGS]
+    result = run_cli(args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store})
+    assert result.returncode == 0 and "job 1 failed" in result.stderr, result.stderr[-3000:]
+    _, parent, children = _sweep(store)
     assert [c.info.status for c in children] == ["FINISHED", "FAILED"]
     failed = children[1].data.tags
     assert failed["failure"] == "error" and "trainer.device=/GPU:9" in failed["error"]
-    assert "trainer.device=cpu,/GPU:9" not in result.stdout or "FAILED" in result.stdout
+    assert parent.data.tags["failed_jobs"] == "1"
