@@ -42,10 +42,12 @@ def _float32_bytes(variables) -> int:
     return sum(math.prod(v.shape) * 4 for v in variables)
 
 
-# XLA on a CPU without native 16-bit math computes 16-bit policies in float32 (shared GUIDE).
-# `python -m runner.bench precision_accum`, one process per job, measured the transformer's
-# peak under XLA at 1.00x float32 for bfloat16 (its activations kept as float32) and 1.87x for
-# float16 (float32 copies kept beside the float16 tensors). Bytes per activation element:
+# XLA on a CPU computes 16-bit policies largely in float32 (shared GUIDE). Re-measured with the
+# allocator's pool grown first (issue 13; before it, peaks were the allocator's rounding):
+# `python -m runner.bench precision_accum` and `memory`, one process per job, on a CPU with
+# AVX512_BF16/AMX, put the transformer's peak under XLA at 0.94-0.97x float32 for bfloat16
+# (activations kept as float32) and 1.23-1.26x for float16 (float32 copies beside the float16
+# tensors; measured/estimate 0.95-0.98 at 6 bytes). Bytes per activation element:
 CPU_XLA_BYTES = {"float32": 4, "mixed_bfloat16": 4, "mixed_float16": 2 + 4}
 
 

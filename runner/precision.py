@@ -19,20 +19,22 @@ def _cpu_has_bf16() -> bool:
 def cpu_note(policy: str) -> str | None:
     """What a 16-bit policy will do on a CPU, said once per run: tensorflow/tensorflow#45441
     measured fp16 3 s -> 187 s per epoch without XLA; `python -m runner.bench precision_accum`
-    (one process per job, 2-core CPU) measured the peaks and step times quoted here, as the
-    ranges over its runs."""
+    (one process per job, 2-core CPU, allocator pool grown first) measured the peaks and step
+    times quoted here; the transformer's ranges span its batch 8 and 32 jobs and the
+    `memory` bench."""
     if policy == "mixed_float16":
         return (
-            "precision=mixed on a CPU: float16 is emulated. Without XLA (CNNs) it saved 16-20% "
-            "of MobileNetV2's peak but ran 19-27x slower per step; under XLA (the transformer) "
-            "its float32 copies raised the peak 1.9x. Its memory gain is a GPU figure."
+            "precision=mixed on a CPU: float16 is emulated. Without XLA (CNNs) it saved 23% "
+            "of MobileNetV2's peak but ran 25x slower per step; under XLA (the transformer) "
+            "its float32 copies raised the peak 1.23-1.26x. Its memory gain is a GPU figure."
         )
     if policy == "mixed_bfloat16":
         native = "has" if _cpu_has_bf16() else "lacks"
         return (
             f"precision=bf16 on a CPU (this one {native} AVX512_BF16/AMX): without XLA it "
-            "saved 13-20% of MobileNetV2's peak at 1.3-2.4x the step time; under XLA it is "
-            "computed in float32 (same peak as float32). Its memory gain is a GPU/TPU figure."
+            "saved 24% of MobileNetV2's peak at 1.26x the step time; under XLA it is computed "
+            "largely in float32 (0.94-0.97x the float32 peak). Its memory gain is a GPU/TPU "
+            "figure."
         )
     return None
 
