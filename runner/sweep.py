@@ -86,6 +86,12 @@ def name_runs(client: MlflowClient, runs: list[Run], rows: list[dict]) -> None:
         if "overrides" not in run.data.tags:
             client.set_tag(run.info.run_id, "overrides", run.info.run_name)
         client.update_run(run.info.run_id, name=row["job"])
+        # The run's description (its end-of-run summary) names the run: say the new name.
+        note = run.data.tags.get("mlflow.note.content")
+        if note:
+            old = f"run '{run.info.run_name}'"
+            new = f"run '{row['job']}' (overrides: {run.info.run_name})"
+            client.set_tag(run.info.run_id, "mlflow.note.content", note.replace(old, new))
 
 
 def report_files(rows: list[dict], out_dir: Path) -> list[Path]:

@@ -147,6 +147,7 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(isolate, tmp_path, store, 
     # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
     assert [c.info.run_name for c in children] == ["baseline", "trainer.lr=1e+30"]
     assert "trainer.lr=1e+30" in children[1].data.tags["overrides"]
+    assert "MLflow: run 'baseline' (overrides: " in children[0].data.tags["mlflow.note.content"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert REPORT <= artifacts
     # The terminal comparison reads the same runs.
