@@ -28,8 +28,16 @@ class History:
     current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
     step_peaks: list[int] = field(default_factory=list)  # allocator peak during each step
     skipped_steps: int = 0  # updates skipped for non-finite gradients (float16 loss scaling)
-    first_step_peak: int = 0
-    steady_peak: int = 0  # training steps after the first, evaluation excluded
+
+    @property
+    def first_step_peak(self) -> int:
+        return self.step_peaks[0]
+
+    @property
+    def steady_peak(self) -> int:
+        """Training steps after the first, evaluation excluded; a 1-step run has only its
+        first step to report."""
+        return max(self.step_peaks[1:] or self.step_peaks)
 
 
 def evaluate(eval_step, data: Data, max_batches: int | None) -> dict[str, float]:
@@ -101,7 +109,4 @@ def train(
         if bar is not None:
             bar.update(step, [("loss", loss)])
     mem.reset()  # keeps the RSS high-water read so far (Memory.peak_rss) past this reset
-    history.first_step_peak = history.step_peaks[0]
-    # Steady steps: all but the first; a 1-step run has only its first step to report.
-    history.steady_peak = max(history.step_peaks[1:] or history.step_peaks)
     return history

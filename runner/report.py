@@ -50,12 +50,12 @@ class RunFacts:
     mem: Memory
 
 
-def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> dict:
+def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
     parts = estimate.estimate_memory(
         facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat
     )
     peak = facts.history.steady_peak
-    reserved, _ = facts.mem.reserved()
+    reserved, reserved_source = facts.mem.reserved()  # one read (nvidia-smi on a GPU)
     figures = {
         "mem/peak_bytes": peak,
         "mem/build_peak_bytes": facts.build_peak,
@@ -67,7 +67,7 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> dict:
         "mem/measured_over_estimate": peak / parts["total"],
     }
     figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
-    return figures
+    return figures, reserved_source
 
 
 def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], str]:
@@ -89,15 +89,17 @@ def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], 
     }, source
 
 
-def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], str]:
-    """Every figure of the run, keyed as in the contract, and where the peak FLOP/s came from."""
+def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[str, str]]:
+    """Every figure of the run, keyed as in the contract, and tags saying where the memory
+    figures and the peak FLOP/s came from."""
     samples = cfg.data.batch_size * cfg.accum
     tokens = samples * facts.spec.seq_len if facts.spec.kind == "tokens" else None
     # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
     name = facts.device_name
     cpu_xla = facts.jit and "GPU" not in name.upper() and "NVIDIA" not in name
     history = facts.history
-    figures = {**_params(facts.model), **_memory(cfg, facts, cpu_xla)}
+    memory, reserved_source = _memory(cfg, facts, cpu_xla)
+    figures = {**_params(facts.model), **memory}
     figures.update(speed_figures(history.wait_s, history.compute_s, samples, tokens))
     flops, peak_source = _flops(cfg, facts, figures["speed/step_time_s_p50"])
     figures.update(flops)
@@ -106,7 +108,12 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], str]:
         figures["remat/segments"] = facts.remat.segments
     if cfg.precision.loss_scaling:
         figures["precision/skipped_steps"] = history.skipped_steps
-    return figures, peak_source
+    sources = {
+        "mem/source": facts.mem.source,
+        "mem/reserved_source": reserved_source,
+        "speed/peak_source": peak_source,
+    }
+    return figures, sources
 
 
 def publish(

@@ -49,7 +49,7 @@ def _pool_target(device: str) -> int:
 
 
 class Memory:
-    """Tensor-level peak and current bytes of one device, reset per phase.
+    """Tensor-level peak and current bytes of one device, reset per step (or phase).
 
     Figures are counted from a baseline taken at construction (the start of a job), so a job
     run in-process after others (a sequential Hydra sweep) is not charged for what they
@@ -79,7 +79,7 @@ class Memory:
         except ValueError:
             return False
 
-    def grow_pool(self) -> int:
+    def grow_pool(self) -> None:
         """Grow the allocator's pool with one allocate-and-free, before the job allocates.
 
         TensorFlow's BFC allocator grows its pool in regions that double in size and splits a
@@ -89,10 +89,10 @@ class Memory:
         13: default transformer, none/blocks 69.5/69.5 MiB; after growing, 69.2/40.2 MiB
         against XLA's buffer assignment 69.03/39.98). One large free region makes every
         later request split to its size. `Empty(init=False)` reserves without writing, so no
-        page becomes resident. Returns the bytes grown (0 where there is no allocator).
+        page becomes resident. `pool_grown` keeps the bytes grown (0 without an allocator).
         """
         if self.source == "rss":
-            return 0
+            return
         size = _pool_target(self.key)
         while size >= 2**26:
             try:
@@ -104,7 +104,6 @@ class Memory:
             except tf.errors.ResourceExhaustedError:
                 size //= 2
         self.reset()
-        return self.pool_grown
 
     def reset(self) -> None:
         if self.source != "rss":

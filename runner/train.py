@@ -54,7 +54,11 @@ def _batchnorm_note(cfg: DictConfig) -> str | None:
     return None
 
 
-def _summary(cfg, dev, history, figures, seconds, tracker, notes: list[str]) -> str:
+# How the summary names mem/peak_reserved_bytes, by mem/reserved_source.
+_RESERVED_LABEL = {"rss_delta": "process RSS +", "nvidia_smi": "GPU held ", "none": "held ?"}
+
+
+def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes: list[str]) -> str:
     """The end-of-run summary: printed, and the run's description in the MLflow UI."""
     losses, final = history.losses, history.evals[-1][1]
     lines = [
@@ -67,7 +71,8 @@ def _summary(cfg, dev, history, figures, seconds, tracker, notes: list[str]) -> 
         lines.append(report.pruning_summary(figures))
     lines.append(
         f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
-        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB; process RSS +"
+        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB; "
+        f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"
         f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
         f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "
         f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
@@ -82,15 +87,17 @@ def _summary(cfg, dev, history, figures, seconds, tracker, notes: list[str]) -> 
     return "\n".join(lines)
 
 
-def _log_setup(tracker, cfg: DictConfig, overrides: list[str]) -> tuple[str, list, bool]:
-    """Config and versions first, then the device: a failure there is recorded in the run."""
+def _log_setup(tracker, cfg: DictConfig, overrides: list[str]) -> tuple[str, str, bool]:
+    """Config and versions first, then the device: a failure there is recorded in the run.
+    Returns the device, its human name and whether XLA compiles the steps."""
     log_config(tracker, cfg, overrides)
     tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
     gpus = device.setup()
     dev = device.resolve(cfg.trainer.device, gpus)
+    name = device.describe(dev, gpus)
     jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, dev.startswith("/GPU"))
-    tracker.set_tags({"device": dev, "device_name": device.describe(dev, gpus), "xla": jit})
-    return dev, gpus, jit
+    tracker.set_tags({"device": dev, "device_name": name, "xla": jit})
+    return dev, name, jit
 
 
 def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, jit, pruner):
@@ -112,7 +119,7 @@ def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, j
     )
 
 
-def _job(cfg: DictConfig, tracker, dev: str, gpus: list, jit: bool) -> tuple[dict, History]:
+def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool) -> tuple[dict, dict, History]:
     """Data, model, techniques, optimizer, the loop and the report, on `dev`."""
     mem = Memory(dev)
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
@@ -136,18 +143,12 @@ def _job(cfg: DictConfig, tracker, dev: str, gpus: list, jit: bool) -> tuple[dic
         }
     )
     history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner)
-    name = device.describe(dev, gpus)
     facts = report.RunFacts(built, optimizer, data.spec, history, build_peak, name, jit, remat, mem)
-    figures, peak_source = report.collect(cfg, facts)
+    figures, sources = report.collect(cfg, facts)
     run_dir = _run_dir(tracker.run_id)
     figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
-    tags = {
-        "mem/source": mem.source,
-        "mem/reserved_source": mem.reserved()[1],
-        "speed/peak_source": peak_source,
-    }
-    report.publish(tracker, figures, history, run_dir, tracker.run_name, tags)
-    return figures, history
+    report.publish(tracker, figures, history, run_dir, tracker.run_name, sources)
+    return figures, sources, history
 
 
 def run(cfg: DictConfig) -> dict:
@@ -160,15 +161,14 @@ def run(cfg: DictConfig) -> dict:
     # The run is opened before anything that can fail (device setup included), so every
     # failure after the command-line check leaves a FAILED run with its error (issue 13).
     with mlflow_run(cfg, run_name) as tracker:
-        dev, gpus, jit = _log_setup(tracker, cfg, overrides)
+        dev, name, jit = _log_setup(tracker, cfg, overrides)
         notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
         with precision.policy(cfg), tf.device(dev):
-            figures, history = _job(cfg, tracker, dev, gpus, jit)
-        summary = _summary(
-            cfg, dev, history, figures, time.perf_counter() - started, tracker, notes
-        )
+            figures, sources, history = _job(cfg, tracker, dev, name, jit)
+        seconds = time.perf_counter() - started
+        summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes)
         tracker.set_tags({"mlflow.note.content": summary})
     print(summary)
     return {
