@@ -10,11 +10,12 @@ import datetime
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 
 import tensorflow as tf
+
+from runner.device import cpu_model
 
 CACHE_FILE = "cpu_peak_flops.json"
 # Compute dtype of each precision policy.
@@ -23,15 +24,7 @@ POLICY_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat
 
 def _cpu_key() -> str:
     """The CPU model and core count: a calibration holds for that pair only."""
-    name = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} x{os.cpu_count()}"
+    return f"{cpu_model()} x{os.cpu_count()}"
 
 
 def _loadavg() -> list[float] | None:

@@ -35,7 +35,7 @@ def resolve(name: str, gpus: list) -> str:
     return name
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -54,4 +54,4 @@ def describe(dev: str, gpus: list) -> str:
         details = tf.config.experimental.get_device_details(gpus[int(dev.split(":")[1])])
         return details.get("device_name", dev)
     cores = len(os.sched_getaffinity(0))
-    return f"CPU {_cpu_model()} ({cores} core{'s' if cores > 1 else ''})"
+    return f"CPU {cpu_model()} ({cores} core{'s' if cores > 1 else ''})"
