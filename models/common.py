@@ -1,6 +1,8 @@
 """Pieces every model builder shares: the data-kind check, float32 logits, local weights."""
 
 import os
+from collections.abc import Callable
+from typing import NamedTuple
 
 import keras
 
@@ -56,3 +58,22 @@ def build_application(spec: DataSpec, application, model: str, weights=None, **k
         **kwargs,
     )
     return load_weights(float32_logits(base), weights)
+
+
+class Sublayer(NamedTuple):
+    """One piece of a layer's computation, for the per-layer profile (runner/layers.py).
+
+    fn(*inputs) -> output in training mode; inputs and output are names in the caller's
+    dataflow. kind names the rules runner/layers.py applies (FLOPs per element, what the
+    backward pass keeps). flops: forward FLOPs at the given batch when the kind's rule cannot
+    count them; extra_kept: bytes kept for backward beyond the output (a float32 copy, a mask).
+    """
+
+    name: str
+    kind: str
+    fn: Callable
+    inputs: tuple[str, ...]
+    output: str
+    variables: list
+    flops: float | None = None
+    extra_kept: int = 0

@@ -161,6 +161,14 @@ class SweepConfig:
 
 
 @dataclass
+class ProfileConfig:
+    # Profile the job layer by layer after its timed steps (runner/profile.py, issue 14).
+    layers: bool = False
+    steps: int = 3  # steps of the job's train step timed without XLA, after one warm-up
+    repeats: int = 3  # timed forward+backward calls per layer (the median is kept)
+
+
+@dataclass
 class Config:
     model: Any = MISSING
     precision: PrecisionConfig = MISSING
@@ -171,6 +179,7 @@ class Config:
     accum: int = 1
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -391,3 +400,5 @@ def validate(cfg: DictConfig) -> None:
     _validate_model(cfg)
     _validate_data(cfg)
     _validate_trainer(cfg)
+    _check_min(cfg, "profile.steps", 1)
+    _check_min(cfg, "profile.repeats", 1)

@@ -174,6 +174,7 @@ def speed_figures(
         "speed/step_time_s_p90": float(np.percentile(steady, 90)),
         "speed/samples_per_s": samples_per_step * len(steady) / float(steady.sum()),
         "speed/input_wait_frac": float(steady_wait.sum() / steady.sum()),
+        "speed/timed_steps": len(steady),  # the steps the figures above count
     }
     if tokens_per_step:
         figures["speed/tokens_per_s"] = tokens_per_step * len(steady) / float(steady.sum())

@@ -14,10 +14,10 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import checkpointing, device, precision, pruning, report
+from runner import checkpointing, device, precision, profile, pruning, report
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
-from runner.loop import History, evaluate, train
+from runner.loop import evaluate, train
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
 from runner.telemetry import Memory
 from runner.tracking import log_config, mlflow_run, ui_hint
@@ -58,7 +58,7 @@ def _batchnorm_note(cfg: DictConfig) -> str | None:
 _RESERVED_LABEL = {"rss_delta": "process RSS +", "nvidia_smi": "GPU held ", "none": "held ?"}
 
 
-def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes: list[str]) -> str:
+def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table) -> str:
     """The end-of-run summary: printed, and the run's description in the MLflow UI."""
     losses, final = history.losses, history.evals[-1][1]
     lines = [
@@ -78,6 +78,8 @@ def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes: list[
         f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
         f"{figures['speed/compile_s']:.1f} s"
     )
+    if table:
+        lines += profile.summary_lines(figures, table)
     lines += [f"  note: {note}" for note in notes]
     command, url = ui_hint(cfg.mlflow.tracking_uri, tracker.experiment_id, tracker.run_id)
     lines.append(f"  MLflow: run '{tracker.run_name}' in experiment '{cfg.mlflow.experiment}'")
@@ -119,7 +121,22 @@ def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, j
     )
 
 
-def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool) -> tuple[dict, dict, History]:
+def _profile(cfg, built, model, optimizer, data, name, pruner, tracker, run_dir, sources):
+    """profile.layers=true: the per-layer profile, after the run's own figures are taken;
+    its figures are returned, its tags and artifacts logged here."""
+    if cfg.profile.layers:
+        print("tfmemlab: profiling layer by layer, without XLA (profile.layers=true)", flush=True)
+        figures, tags, table, paths = profile.profile_layers(
+            cfg, built, model, optimizer, data, name, pruner, run_dir, tracker.run_name
+        )
+        sources.update(tags)
+        for path in paths:
+            tracker.client.log_artifact(tracker.run_id, str(path))
+        return figures, table
+    return {}, []
+
+
+def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool):
     """Data, model, techniques, optimizer, the loop and the report, on `dev`."""
     mem = Memory(dev)
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
@@ -147,8 +164,12 @@ def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool) -> tuple[dict
     figures, sources = report.collect(cfg, facts)
     run_dir = _run_dir(tracker.run_id)
     figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
+    layer_figures, table = _profile(
+        cfg, built, model, optimizer, data, name, pruner, tracker, run_dir, sources
+    )
+    figures.update(layer_figures)
     report.publish(tracker, figures, history, run_dir, tracker.run_name, sources)
-    return figures, sources, history
+    return figures, sources, history, table
 
 
 def run(cfg: DictConfig) -> dict:
@@ -166,9 +187,9 @@ def run(cfg: DictConfig) -> dict:
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
         with precision.policy(cfg), tf.device(dev):
-            figures, sources, history = _job(cfg, tracker, dev, name, jit)
+            figures, sources, history, table = _job(cfg, tracker, dev, name, jit)
         seconds = time.perf_counter() - started
-        summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes)
+        summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table)
         tracker.set_tags({"mlflow.note.content": summary})
     print(summary)
     return {
@@ -177,4 +198,5 @@ def run(cfg: DictConfig) -> dict:
         "steps": len(history.losses),
         **history.evals[-1][1],
         **figures,
+        **({"layers/table": table} if table else {}),
     }
