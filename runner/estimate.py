@@ -118,15 +118,19 @@ def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, in
     }
     # Workspace: the gradient of the largest output, alive during its backward step.
     workspace = max(sizes.values())
-    kept_names = layers.kept_outputs(layers.model_rows(model, 1, None))
+    half = p == 2
+    kept_names = layers.kept_outputs(layers.model_rows(model, 1, None), half)
+    held = {name: v for name, v in sizes.items() if name in kept_names}
+    if half:  # 16-bit norms keep a float32 copy of their input (runner/layers.py)
+        for op in model.operations:
+            if layers.kind(op) in layers.NORMS:
+                held[op.name] = held.get(op.name, 0) + math.prod(op.input.shape[1:]) * b * 4
     if not remat.segments:
-        return sum(v for name, v in sizes.items() if name in kept_names), workspace
+        return sum(held.values()), workspace
     inside = set().union(*remat.segment_ops)
-    kept = sum(v for name, v in sizes.items() if name not in inside and name in kept_names)
+    kept = sum(v for name, v in held.items() if name not in inside)
     kept += sum(sizes[name] for name in remat.segment_outputs)
-    rebuilt = max(
-        sum(sizes.get(name, 0) for name in ops if name in kept_names) for ops in remat.segment_ops
-    )
+    rebuilt = max(sum(held.get(name, 0) for name in ops) for ops in remat.segment_ops)
     return kept + rebuilt, workspace
 
 

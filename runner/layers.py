@@ -33,6 +33,8 @@ KEEPS_OUTPUT = {
     "ReLU", "Softmax", "attention_softmax", "MaxPooling2D", "Activation:relu",
     "Activation:relu6", "Activation:sigmoid", "Activation:tanh", "Activation:softmax",
 }  # fmt: skip
+# Upcast their 16-bit inputs to float32 (keras/src/layers/normalization, ops.nn).
+NORMS = {"BatchNormalization", "LayerNormalization"}
 # Forward FLOPs per output element of elementwise and normalising kinds (a convention, as
 # in FLOP counters; the matmuls and convolutions are counted exactly): batch/layer norm:
 # mean 1, variance 3, normalise, scale and shift 4; softmax: max, subtract, exp, sum,
@@ -131,8 +133,14 @@ def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer
     return rows
 
 
-def kept_outputs(rows: list[Sublayer]) -> set[str]:
-    """Names of the rows whose output the backward pass keeps (see the module docstring)."""
+def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
+    """Names of the rows whose output the backward pass keeps (see the module docstring).
+
+    half: a 16-bit policy, under which Keras's BatchNormalization and LayerNormalization
+    compute in float32 on a copy of their input: they keep that copy (describe counts it),
+    not their 16-bit input.
+    """
+    readers_keep = KEEPS_INPUT - NORMS if half else KEEPS_INPUT
     readers = {}
     for row in rows:
         for name in row.inputs:
@@ -140,7 +148,7 @@ def kept_outputs(rows: list[Sublayer]) -> set[str]:
     return {
         row.name
         for row in rows
-        if row.kind in KEEPS_OUTPUT or any(k in KEEPS_INPUT for k in readers.get(row.output, []))
+        if row.kind in KEEPS_OUTPUT or any(k in readers_keep for k in readers.get(row.output, []))
     }
 
 
@@ -160,6 +168,8 @@ def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
         flops, extra = FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
     if flops is None:
         flops = _element_flops(row.kind, len(inputs), in_elements, out_elements)
+    if row.kind in NORMS and inputs[0].dtype in (tf.float16, tf.bfloat16):
+        extra += 4 * in_elements  # the float32 copy the norm computes on (see kept_outputs)
     weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)
     written = _nbytes(output)
     read = sum(_nbytes(t) for t in inputs) + weights

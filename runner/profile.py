@@ -79,7 +79,8 @@ def _run_rows(model, batch, seq, x, y, repeats: int) -> list[dict]:
     """Each row run once on the real batch (its output feeds the rows after it), described,
     and timed; each tensor is dropped after its last reader."""
     rows = layers.model_rows(model, batch, seq)
-    kept = layers.kept_outputs(rows)
+    half = keras.mixed_precision.global_policy().compute_dtype != "float32"
+    kept = layers.kept_outputs(rows, half)
     last_read = {name: i for i, row in enumerate(rows) for name in row.inputs}
     env = {f"t{id(model.inputs[0])}": x, "targets": y}
     table = []

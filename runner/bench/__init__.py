@@ -5,6 +5,7 @@
     python -m runner.bench precision_accum   # fp32/mixed/bf16 x accum 1/4, transformer and CNN
     python -m runner.bench checkpointing     # each checkpointing policy against none
     python -m runner.bench gpu_check         # transformer fp32 vs mixed vs bf16 on a GPU
+    python -m runner.bench layers            # per-layer profile: memory-bound layers' shares
 
 Targets are checked here, by ratios of figures measured in the same run, not by timed unit
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.
