@@ -198,5 +198,9 @@ def run(cfg: DictConfig) -> dict:
         "steps": len(history.losses),
         **history.evals[-1][1],
         **figures,
-        **({"layers/table": table} if table else {}),
+        **(
+            {"layers/table": table, "layers/top_activation": sources["layers/top_activation"]}
+            if table
+            else {}
+        ),
     }
