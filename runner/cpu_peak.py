@@ -1,9 +1,11 @@
-"""The peak FLOP/s of this CPU, for MFU: a matmul calibration cached on disk.
+"""The peak FLOP/s and memory bandwidth of this CPU, for MFU and the roofline: calibrations
+cached on disk.
 
-Calibrated once per CPU model, core count and compute dtype, then read back from
-`cache_dir/cpu_peak_flops.json`, and calibrated again when a run achieves more than the cached
-figure (issue 13): a calibration taken while the machine was busy (a parallel sweep, a
-benchmark) is too low and would inflate every later MFU, and an MFU above 1 is impossible.
+Each figure is calibrated once per CPU model and core count (FLOP/s: per compute dtype too),
+then read back from `cache_dir/cpu_peak_flops.json`. A calibration taken while the machine was
+busy (a parallel sweep, a benchmark) is too low (issue 13): the FLOP/s is calibrated again when
+a run achieves more than the cached figure (it would inflate every later MFU, and an MFU above
+1 is impossible), the bandwidth when it was measured on a busy machine (issue 14).
 """
 
 import datetime
@@ -11,6 +13,8 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import tensorflow as tf
@@ -20,6 +24,10 @@ from runner.device import cpu_model
 CACHE_FILE = "cpu_peak_flops.json"
 # Compute dtype of each precision policy.
 POLICY_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+# The figure each kind of entry holds; any other entry is of an older format.
+FIGURES = ("peak_flops", "bytes_per_s")
+# Copy buffer: far beyond the caches (the 2-core VM this was written on reports a 105 MiB L3).
+COPY_BYTES = 256 * 2**20
 
 
 def _cpu_key() -> str:
@@ -34,18 +42,53 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def _rates(run: Callable, work: float, trials: int) -> list[float]:
+    """`work` per second of each of `trials` timed calls of `run`, after an untimed warm-up
+    (thread pool, kernel selection, the allocator's pool)."""
+    run()
+    rates = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        result = run()
+        rates.append(work / (time.perf_counter() - start))
+        del result  # freed after the clock stops: freeing is not part of the work
+    return rates
+
+
 def _time_matmuls(dtype: str, n: int, trials: int) -> list[float]:
     """FLOP/s of `trials` timed n x n matmuls (2n^3 FLOPs each) in `dtype`, after a warm-up."""
     with tf.device("/CPU:0"):
         a = tf.cast(tf.random.uniform((n, n)), dtype)
         b = tf.cast(tf.random.uniform((n, n)), dtype)
-        tf.reduce_sum(tf.matmul(a, b)).numpy()  # warm-up: thread pool, kernel selection
-        rates = []
-        for _ in range(trials):
-            start = time.perf_counter()
-            tf.reduce_sum(tf.matmul(a, b)).numpy()
-            rates.append(2.0 * n**3 / (time.perf_counter() - start))
-    return rates
+        return _rates(lambda: tf.reduce_sum(tf.matmul(a, b)).numpy(), 2.0 * n**3, trials)
+
+
+def _time_copies(nbytes: int, trials: int) -> list[float]:
+    """Bytes/s of `trials` timed copies of an `nbytes` float32 buffer (each reads and writes
+    it: 2 x nbytes moved), after a warm-up.
+
+    DeepCopy always writes a new buffer: `tf.identity` on a CPU hands back the input's own
+    buffer (512 MiB "copied" in 20 us here). Eager CPU ops return once done. DeepCopy is a
+    multi-threaded memcpy, which for buffers this large stores around the cache on x86;
+    elementwise kernels store through it and read each written line first, so `x * 1.0`
+    reaches ~0.65x this rate counted the same way (20 vs 31 GB/s here).
+    """
+    with tf.device("/CPU:0"):
+        x = tf.ones([nbytes // 4], tf.float32)
+        return _rates(lambda: tf.raw_ops.DeepCopy(x=x), 2.0 * nbytes, trials)
+
+
+def _calibration(reason: str, measure: Callable[[], dict]) -> dict:
+    """A cache entry: the figures measure() returns, with the date, the load average before
+    measuring and why."""
+    load = _loadavg()
+    return {
+        **measure(),
+        "source": "cpu_calibrated",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "loadavg": load,
+        "reason": reason,
+    }
 
 
 def _calibrate_cpu(dtypes, reason: str, n: int = 2048, trials: int = 5) -> dict:
@@ -56,17 +99,22 @@ def _calibrate_cpu(dtypes, reason: str, n: int = 2048, trials: int = 5) -> dict:
     that just trained) are kept with every trial's figure, to tell a calibration taken on a
     busy machine: measured on this 2-core box, 55 GFLOP/s at a load of 4.6, 169 at 0.9.
     """
-    load = _loadavg()
-    rates = {dtype: _time_matmuls(dtype, n, trials) for dtype in dtypes}
-    return {
-        "peak_flops": max(max(r) for r in rates.values()),
-        "source": "cpu_calibrated",
-        "trials": rates,
-        "matmul_n": n,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "loadavg": load,
-        "reason": reason,
-    }
+
+    def measure() -> dict:
+        rates = {dtype: _time_matmuls(dtype, n, trials) for dtype in dtypes}
+        return {"peak_flops": max(max(r) for r in rates.values()), "trials": rates, "matmul_n": n}
+
+    return _calibration(reason, measure)
+
+
+def _calibrate_copy(reason: str, nbytes: int = COPY_BYTES, trials: int = 5) -> dict:
+    """A bandwidth record: the best of `trials` timed copies (best, as for the FLOP/s)."""
+
+    def measure() -> dict:
+        rates = _time_copies(nbytes, trials)
+        return {"bytes_per_s": max(rates), "trials": rates, "buffer_bytes": nbytes}
+
+    return _calibration(reason, measure)
 
 
 def _read_cache(path: Path) -> dict:
@@ -76,20 +124,7 @@ def _read_cache(path: Path) -> dict:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in cache.items() if isinstance(v, dict) and "peak_flops" in v}
-
-
-def _recalibrate(old: dict, dtypes, achieved: float) -> dict:
-    """A new calibration replacing `old`, which a run's `achieved` FLOP/s exceeded."""
-    reason = f"a run achieved {achieved:.4g} FLOP/s, above the cached {old['peak_flops']:.4g}"
-    entry = _calibrate_cpu(dtypes, reason)
-    entry["recalibrations"] = old.get("recalibrations", 0) + 1
-    entry["previous"] = {k: old.get(k) for k in ("peak_flops", "source", "date", "loadavg")}
-    if achieved > entry["peak_flops"]:
-        # Busy again now, or the run used a faster path than these matmuls: the run's own rate
-        # is then the best lower bound of the peak there is, and named as such.
-        entry.update(peak_flops=achieved, source="cpu_achieved")
-    return entry
+    return {k: v for k, v in cache.items() if isinstance(v, dict) and set(FIGURES) & set(v)}
 
 
 def _write(path: Path, cache: dict) -> None:
@@ -98,6 +133,40 @@ def _write(path: Path, cache: dict) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     os.replace(tmp, path)
+
+
+def _redo(old: dict, figure: str, calibrate: Callable[[str], dict], reason: str) -> dict:
+    """A new calibration replacing `old`, with a count of them and what `old` said."""
+    entry = calibrate(reason)
+    entry["recalibrations"] = old.get("recalibrations", 0) + 1
+    entry["previous"] = {k: old.get(k) for k in (figure, "source", "date", "loadavg")}
+    return entry
+
+
+def _cached(cache_dir, key: str, calibrate, redo) -> dict:
+    """The cache entry `key`: calibrate(reason) when there is none, or redo(entry) when that
+    returns a new one rather than None; a new entry is written beside the others."""
+    path = Path(cache_dir) / CACHE_FILE
+    old = _read_cache(path).get(key)
+    entry = calibrate("no calibration cached") if old is None else redo(old)
+    if entry is None:
+        return old
+    # Read again: another job may have cached another figure while this one measured.
+    cache = _read_cache(path)
+    cache[key] = entry
+    _write(path, cache)
+    return entry
+
+
+def _recalibrate(old: dict, dtypes, achieved: float) -> dict:
+    """A new calibration replacing `old`, which a run's `achieved` FLOP/s exceeded."""
+    reason = f"a run achieved {achieved:.4g} FLOP/s, above the cached {old['peak_flops']:.4g}"
+    entry = _redo(old, "peak_flops", partial(_calibrate_cpu, dtypes), reason)
+    if achieved > entry["peak_flops"]:
+        # Busy again now, or the run used a faster path than these matmuls: the run's own rate
+        # is then the best lower bound of the peak there is, and named as such.
+        entry.update(peak_flops=achieved, source="cpu_achieved")
+    return entry
 
 
 def peak(cache_dir, policy: str, achieved: float = math.nan) -> tuple[float, str]:
@@ -111,16 +180,31 @@ def peak(cache_dir, policy: str, achieved: float = math.nan) -> tuple[float, str
     """
     dtype = POLICY_DTYPES.get(policy, "float32")
     dtypes = sorted({"float32", dtype})
-    path = Path(cache_dir) / CACHE_FILE
-    key = f"{_cpu_key()} {dtype}"
-    cache = _read_cache(path)
-    entry = cache.get(key)
-    if entry is None:
-        entry = _calibrate_cpu(dtypes, "no calibration cached")
-    elif achieved > entry["peak_flops"]:  # False for nan
-        entry = _recalibrate(entry, dtypes, achieved)
-    else:
-        return float(entry["peak_flops"]), entry["source"]
-    cache[key] = entry
-    _write(path, cache)
+
+    def redo(old: dict) -> dict | None:
+        return _recalibrate(old, dtypes, achieved) if achieved > old["peak_flops"] else None
+
+    entry = _cached(cache_dir, f"{_cpu_key()} {dtype}", partial(_calibrate_cpu, dtypes), redo)
     return float(entry["peak_flops"]), entry["source"]
+
+
+def _remeasure_copy(old: dict) -> dict | None:
+    """A new bandwidth entry if `old` was measured on a busy machine (1-min load above half the
+    cores), keeping the best figure ever measured: a busy machine only slows copies down. The
+    new entry's load is the new measurement's, so one taken on a busy machine again is redone
+    at the next call (it costs ~0.3 s)."""
+    cores = os.cpu_count() or 1
+    load = (old.get("loadavg") or [0.0])[0]
+    if load <= cores / 2:
+        return None
+    reason = f"the cached figure was measured at a 1-min load of {load} on {cores} cores"
+    entry = _redo(old, "bytes_per_s", _calibrate_copy, reason)
+    entry["bytes_per_s"] = max(entry["bytes_per_s"], old["bytes_per_s"])
+    return entry
+
+
+def bandwidth(cache_dir) -> tuple[float, str]:
+    """(memory copy bandwidth in bytes/s, source) of this CPU: the best of 5 timed copies of a
+    256 MiB buffer, counted as read + write, cached beside the FLOP/s calibrations."""
+    entry = _cached(cache_dir, f"{_cpu_key()} copy_bandwidth", _calibrate_copy, _remeasure_copy)
+    return float(entry["bytes_per_s"]), entry["source"]

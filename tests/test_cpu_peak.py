@@ -16,19 +16,30 @@ def _cache(tmp_path) -> dict:
     return json.loads((tmp_path / cpu_peak.CACHE_FILE).read_text())
 
 
-def _write_entry(tmp_path, dtype: str, peak: float) -> str:
-    """A cache holding one made-up calibration for this CPU; returns the file's text."""
-    entry = {
-        "peak_flops": peak,
+def made_up(figure: str, value: float, load: float = 9.0) -> dict:
+    """A made-up calibration of `figure` ("peak_flops" or "bytes_per_s"), taken at a 1-min load
+    of `load` (9: a busy machine)."""
+    return {
+        figure: value,
         "source": "cpu_calibrated",
-        "trials": {"float32": [peak]},
+        "trials": [value],
         "date": "2000-01-01T00:00:00+00:00",
-        "loadavg": [9.0, 9.0, 9.0],  # taken on a busy machine
+        "loadavg": [load, 9.0, 9.0],
         "reason": "made up by the test",
     }
-    text = json.dumps({f"{cpu_peak._cpu_key()} {dtype}": entry})
+
+
+def write_cache(tmp_path, entries: dict) -> str:
+    """A cache file holding `entries` under this CPU's keys (key suffix: entry); returns its
+    text."""
+    text = json.dumps({f"{cpu_peak._cpu_key()} {k}": v for k, v in entries.items()})
     (tmp_path / cpu_peak.CACHE_FILE).write_text(text)
     return text
+
+
+def _write_entry(tmp_path, dtype: str, peak: float) -> str:
+    """A cache holding one made-up calibration for this CPU, taken on a busy machine."""
+    return write_cache(tmp_path, {dtype: made_up("peak_flops", peak)})
 
 
 @pytest.mark.parametrize(
