@@ -74,18 +74,15 @@ def _element_flops(kind_name: str, n_inputs: int, in_elements: int, out_elements
     return float(FLOPS_PER_ELEMENT.get(kind_name, 1) * out_elements)
 
 
-def _kernel_flops(op, out_elements: int) -> float | None:
-    """2 x MACs (+ bias) of a layer with a kernel: each output element takes kernel size /
-    output channels MACs (Conv2D kh*kw*cin, DepthwiseConv2D kh*kw, Dense its input width)."""
-    for attr in ("kernel", "depthwise_kernel"):
-        kernel = getattr(op, attr, None)
-        if isinstance(kernel, keras.Variable):
-            macs = math.prod(kernel.shape) / kernel.shape[-1]
-            if attr == "depthwise_kernel":
-                macs = math.prod(kernel.shape[:2])
-            bias = out_elements if getattr(op, "bias", None) is not None else 0
-            return 2.0 * macs * out_elements + bias
-    return None
+def _kernel_flops(op, out_elements: int, out_channels: int) -> float | None:
+    """2 x MACs (+ bias) of a layer with a kernel: the whole kernel is applied once per output
+    position (output elements / output channels), as estimate._kernel_macs counts it: Conv2D
+    kh*kw*cin*cout, DepthwiseConv2D kh*kw*cin*multiplier, Dense in*out MACs per position."""
+    kernel = getattr(op, "kernel", None)
+    if not isinstance(kernel, keras.Variable):
+        return None
+    bias = out_elements if getattr(op, "bias", None) is not None else 0
+    return 2.0 * math.prod(kernel.shape) * out_elements / out_channels + bias
 
 
 def _call_node(op, node) -> Callable:
@@ -115,7 +112,8 @@ def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer
         if hasattr(op, "sublayers"):
             rows += op.sublayers(inputs[0], output, batch, seq)
             continue
-        out_elements = batch * math.prod(node.outputs[0].shape[1:])
+        out_shape = node.outputs[0].shape
+        out_elements = batch * math.prod(out_shape[1:])
         rows.append(
             Sublayer(
                 op.name,
@@ -124,7 +122,7 @@ def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer
                 inputs,
                 output,
                 getattr(op, "trainable_variables", []),
-                _kernel_flops(op, out_elements),
+                _kernel_flops(op, out_elements, out_shape[-1]),
             )  # fmt: skip
         )
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

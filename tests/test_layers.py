@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from models.transformer import TransformerBlock
-from runner import layers, profile, roofline
+from runner import estimate, layers, profile, roofline
 from runner.train import run
 
 CACHE = "outputs"  # the machine's calibrated peak and bandwidth, shared with the runs
@@ -22,7 +22,7 @@ def _row(layer, *shapes, kind=None) -> dict:
     """The profile's static columns of `layer` called on float32 inputs of `shapes`."""
     inputs = [tf.random.normal(s) for s in shapes]
     output = layer(inputs if len(inputs) > 1 else inputs[0], training=True)
-    flops = layers._kernel_flops(layer, output.shape.num_elements())  # None: per element
+    flops = layers._kernel_flops(layer, output.shape.num_elements(), output.shape[-1])
     sub = layers.Sublayer(
         "probe", kind or layers.kind(layer), layer, ("x",), "y", layer.trainable_variables, flops
     )
@@ -94,6 +94,22 @@ def test_transformer_sublayers_compute_the_block(dropout, causal, policy):
         assert {"attn_scores", "attn_softmax", "attn_context", "mlp_gelu"} <= set(names)
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_kernel_flops_add_up_to_the_models_macs():
+    # Every Conv2D, DepthwiseConv2D and Dense row: 2 x MACs (+ one bias add per output), the
+    # MACs summed as the run's FLOPs estimate counts them from the layers' kernels.
+    model = keras.applications.MobileNetV2(
+        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10
+    )
+    rows = layers.model_rows(model, 2, None)
+    kernel_rows = [r for r in rows if r.kind in ("Conv2D", "DepthwiseConv2D", "Dense")]
+    assert len(kernel_rows) == 35 + 17 + 1
+    flops = sum(r.flops for r in kernel_rows)
+    # MobileNetV2's convolutions have no bias (BatchNorm follows); the Dense head has 10.
+    assert flops == 2 * 2 * estimate._kernel_macs(model) + 2 * 10
+    depthwise = next(r for r in kernel_rows if r.kind == "DepthwiseConv2D")
+    assert depthwise.flops == 2 * 2 * 16 * 16 * 16 * 3 * 3  # b, 16x16 positions, 16 ch, 3x3
 
 
 def test_backward_keeps_conv_and_relu_outputs_not_batchnorms():
