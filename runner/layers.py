@@ -94,7 +94,7 @@ def _call_node(op, node) -> Callable:
         args, kwargs = node.arguments.fill_in(
             {id(k): t for k, t in zip(keras_tensors, tensors, strict=True)}
         )
-        return op(*args, **kwargs, **training)
+        return op(*args, **{**kwargs, **training})  # a recorded training=None is overridden
 
     return call
 
