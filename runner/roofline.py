@@ -51,11 +51,14 @@ def memory_bandwidth(device_name: str, cache_dir) -> tuple[float, str]:
     return GPU_BANDWIDTH[label][1], f"table:{label}"
 
 
-def ridge_point(device_name: str, policy: str, cache_dir, tf32: bool = False) -> dict:
-    """The device's peak FLOP/s (as estimate.peak_flops gives it for `policy` and `tf32`), its
+def ridge_point(
+    device_name: str, policy: str, cache_dir, tf32: bool = False, achieved: float = math.nan
+) -> dict:
+    """The device's peak FLOP/s (as estimate.peak_flops gives it for `policy` and `tf32`;
+    `achieved`, a rate measured on it, above a cached CPU peak calibrates it again), its
     memory bandwidth, their sources, and the ridge point in FLOPs per byte (nan if either
     figure is unknown)."""
-    peak, peak_source = estimate.peak_flops(device_name, policy, cache_dir, tf32)
+    peak, peak_source = estimate.peak_flops(device_name, policy, cache_dir, tf32, achieved)
     bandwidth, bandwidth_source = memory_bandwidth(device_name, cache_dir)
     return {
         "peak_flops": peak,

@@ -159,3 +159,19 @@ def test_cpu_ridge_point_divides_the_cached_figures(tmp_path, policy, ridge):
     assert point["bandwidth"] == 3e10 and point["bandwidth_source"] == "cpu_calibrated"
     assert point["peak_source"] == "cpu_calibrated"
     assert (tmp_path / cpu_peak.CACHE_FILE).read_text() == text  # nothing measured
+
+
+def test_a_layer_faster_than_the_cached_peak_calibrates_it_again(tmp_path):
+    # The profile passes its fastest layer's FLOP/s: a cached peak below it (taken on a busy
+    # machine) is measured again, as a run's MFU does, so no layer sits above the roof.
+    write_cache(
+        tmp_path,
+        {
+            "float32": made_up("peak_flops", 1e6, load=0.0),
+            BANDWIDTH: made_up("bytes_per_s", 3e10, load=0.0),
+        },
+    )
+    assert roofline.ridge_point(CPU, "float32", tmp_path)["peak_flops"] == 1e6
+    point = roofline.ridge_point(CPU, "float32", tmp_path, achieved=2e6)
+    assert point["peak_flops"] > 2e6  # this CPU's matmuls run at GFLOP/s
+    assert point["ridge"] == pytest.approx(point["peak_flops"] / 3e10)
