@@ -24,7 +24,7 @@ def run_isolated(cfg: DictConfig) -> None:
     job): a fresh process per job makes every job's figures its own. The child records its
     run (FINISHED, or FAILED with its `failure` tag) under the sweep's parent run.
     """
-    from runner.tracking import JOB_ENV
+    from runner.track.tracking import JOB_ENV
 
     hydra_cfg = HydraConfig.get()
     name = cfg.mlflow.run_name or " ".join(hydra_cfg.overrides.task) or "default"
@@ -50,7 +50,7 @@ def run_isolated(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     # Imported here so that --help, --cfg and bad input answer before TensorFlow loads.
-    from runner.tracking import JOB_ENV
+    from runner.track.tracking import JOB_ENV
 
     in_child = JOB_ENV in os.environ  # already the fresh process of an isolated job
     if HydraConfig.get().mode == RunMode.MULTIRUN and cfg.sweep.isolate and not in_child:
@@ -68,7 +68,7 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except Exception as err:  # recorded FAILED (with its `failure` tag): the sweep goes on
-        from runner.tracking import failure_kind
+        from runner.track.tracking import failure_kind
 
         print(
             f"tfmemlab: job {HydraConfig.get().job.num} failed ({failure_kind(err)}): "

@@ -61,10 +61,10 @@ def build_application(spec: DataSpec, application, model: str, weights=None, **k
 
 
 class Sublayer(NamedTuple):
-    """One piece of a layer's computation, for the per-layer profile (runner/layers.py).
+    """One piece of a layer's computation, for the per-layer profile (runner/measure/layers.py).
 
     fn(*inputs) -> output in training mode; inputs and output are names in the caller's
-    dataflow. kind names the rules runner/layers.py applies (FLOPs per element, what the
+    dataflow. kind names the rules runner/measure/layers.py applies (FLOPs per element, what the
     backward pass keeps). flops: forward FLOPs at the given batch when the kind's rule cannot
     count them; extra_kept: bytes kept for backward beyond the output (a float32 copy, a mask).
     """

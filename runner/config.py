@@ -76,8 +76,8 @@ class CheckpointingConfig:
 
 @dataclass
 class PruningConfig:
-    """Steps are optimizer steps counted from 1 (tfmot's pruning step); runner/pruning.py has
-    the details."""
+    """Steps are optimizer steps counted from 1 (tfmot's pruning step);
+    runner/techniques/pruning.py has the details."""
 
     schedule: str = "none"  # none | constant | polynomial | m_by_n
     target_sparsity: float = 0.5  # constant, polynomial: fraction of each kernel set to zero
@@ -162,7 +162,7 @@ class SweepConfig:
 
 @dataclass
 class ProfileConfig:
-    # Profile the job layer by layer after its timed steps (runner/profile.py, issue 14).
+    # Profile the job layer by layer after its timed steps (runner/measure/profile.py, issue 14).
     layers: bool = False
     steps: int = 3  # steps of the job's train step timed without XLA, after one warm-up
     repeats: int = 3  # timed forward+backward calls per layer (the median is kept)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import keras
 
 from runner.data import Data
-from runner.telemetry import Memory
-from runner.tracking import Tracker
+from runner.measure.telemetry import Memory
+from runner.track.tracking import Tracker
 
 
 @dataclass

@@ -14,13 +14,15 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import checkpointing, device, precision, profile, pruning, report
+from runner import device
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
+from runner.measure import profile, report
+from runner.measure.telemetry import Memory
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
-from runner.telemetry import Memory
-from runner.tracking import log_config, mlflow_run, ui_hint
+from runner.techniques import checkpointing, precision, pruning
+from runner.track.tracking import log_config, mlflow_run, ui_hint
 
 
 def _overrides() -> list[str]:

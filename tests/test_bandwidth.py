@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from runner import cpu_peak, roofline
+from runner.measure import cpu_peak, roofline
 from tests.test_cpu_peak import made_up, write_cache
 
 CPU = "/CPU:0"

@@ -10,8 +10,8 @@ from models.efficientnet import build_efficientnet
 from models.mobilenet import build_mobilenet
 from models.spec import DataSpec
 from models.transformer import build_transformer
-from runner import checkpointing
 from runner.step import make_train_step
+from runner.techniques import checkpointing
 from runner.train import run
 
 TOKENS = DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16)

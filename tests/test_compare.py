@@ -14,9 +14,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from PIL import Image
 
-from runner import compare, sweep
 from runner.config import compose_config
-from runner.tracking import flatten
+from runner.track import compare, sweep
+from runner.track.tracking import flatten
 from tests.test_presets import preset_jobs
 
 MIB = 2**20

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runner import cpu_peak, estimate
+from runner.measure import cpu_peak, estimate
 
 CPU = "/CPU:0"
 

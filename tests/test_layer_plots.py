@@ -6,7 +6,7 @@ import math
 import pytest
 from PIL import Image
 
-from runner import layer_plots
+from runner.measure import layer_plots
 
 PEAK, BANDWIDTH = 1.5e11, 1e10  # ridge point at 15 FLOPs/byte
 

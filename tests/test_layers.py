@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from models.transformer import TransformerBlock
-from runner import estimate, layers, profile, roofline
+from runner.measure import estimate, layers, profile, roofline
 from runner.train import run
 from tests.conftest import run_cli
 

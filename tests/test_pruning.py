@@ -13,9 +13,10 @@ from omegaconf import OmegaConf
 
 from models.spec import DataSpec
 from models.transformer import TransformerBlock
-from runner import estimate, pruning
 from runner.config import ConfigError, PruningConfig, validate
+from runner.measure import estimate
 from runner.step import build_optimizer, make_train_step
+from runner.techniques import pruning
 from runner.train import build_model, run
 from tests.conftest import compose_config, tiny_overrides
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from runner import pruning
 from runner.step import make_train_step
+from runner.techniques import pruning
 from tests.conftest import compose_config
 
 

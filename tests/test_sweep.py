@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner import compare
+from runner.track import compare
 from tests.conftest import TINY, TINY_DATA, run_cli
 
 TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3"]

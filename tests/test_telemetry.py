@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
-from runner.telemetry import Memory, speed_figures
+from runner.measure.telemetry import Memory, speed_figures
 from runner.train import run
 from tests.conftest import run_cli
 

@@ -40,9 +40,9 @@ def main(extra: list[str], steps: int = 20, rounds: int = 12) -> float:
 
     from runner.data import build_data
     from runner.loop import train
+    from runner.measure.telemetry import Memory
     from runner.step import build_optimizer, make_train_step, resolve_jit
-    from runner.telemetry import Memory
-    from runner.tracking import Tracker, client_for
+    from runner.track.tracking import Tracker, client_for
     from runner.train import build_model
 
     cfg = compose_config(OVERHEAD_MODEL + extra)

@@ -12,7 +12,7 @@ so a job with 4x the passes would otherwise tend to find a higher maximum.
 """
 
 from runner.bench import mib, run_jobs, table
-from runner.precision import cpu_note
+from runner.techniques.precision import cpu_note
 
 MODELS = {
     "transformer": ["model=transformer", "model.h=128", "model.layers=4", "data.seq_len=128"],

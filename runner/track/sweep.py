@@ -5,7 +5,7 @@ store and the parent run once, before any job starts (a fresh SQLite store creat
 several processes at once crashes: shared GUIDE, hydraflow#245), and hands the parent's id to
 the jobs through the environment (inherited by joblib's worker processes too). At multirun
 end it names each child run by what differs between it and the baseline (the label
-runner.compare gives it), writes the comparison table (CSV, Markdown) and pictures into the
+runner.track.compare gives it), writes the comparison table (CSV, Markdown) and pictures into the
 sweep directory and the parent run, prints the table, and closes the parent run.
 """
 
@@ -18,8 +18,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from runner import compare
-from runner.tracking import PARENT_ENV, client_for, experiment_id, ui_hint
+from runner.track import compare
+from runner.track.tracking import PARENT_ENV, client_for, experiment_id, ui_hint
 
 MARKERS = "osD^vP*Xph"  # hollow and distinct, so that jobs on the same spot stay visible
 

@@ -1,8 +1,8 @@
 """Compare runs side by side: a table with ratios to a baseline.
 
-    python -m runner.compare --sweep RUN_ID          # the jobs of a sweep (its parent run id)
-    python -m runner.compare --experiment tfmemlab   # every run of an experiment
-    python -m runner.compare RUN_ID RUN_ID ...       # chosen runs
+    python -m runner.track.compare --sweep RUN_ID          # the jobs of a sweep (its parent run id)
+    python -m runner.track.compare --experiment tfmemlab   # every run of an experiment
+    python -m runner.track.compare RUN_ID RUN_ID ...       # chosen runs
 
 Each job is labelled by what differs between it and the baseline (`mixed`, `accum=4`,
 `checkpointing=blocks`; the baseline is `baseline`). A ratio to the baseline compares like
@@ -10,7 +10,7 @@ with like only if both jobs train at the same effective batch, on the same data,
 model: where they do not, the `differs` column names the keys and the ratio is marked `*`.
 The tracking URI is `--tracking-uri`, else $MLFLOW_TRACKING_URI, else the embedded default.
 The same table ends every sweep, as CSV and Markdown artifacts of its parent run, beside
-the pictures runner/sweep.py draws from these rows.
+the pictures runner/track/sweep.py draws from these rows.
 """
 
 import argparse
@@ -223,7 +223,7 @@ def _cell(value) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(
-        prog="python -m runner.compare",
+        prog="python -m runner.track.compare",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -2,7 +2,7 @@
 
 After the run's timed steps (its own figures are already taken), the job is profiled:
 1. its train step, compiled without XLA, is timed over `profile.steps` steps;
-2. each row of runner/layers.py (a Keras layer, or a transformer sublayer, and the loss) is
+2. each row of runner/measure/layers.py (a Keras layer, or a transformer sublayer, and the loss) is
    timed forward+backward *in isolation*, on the inputs it receives from a real batch, each
    in its own tf.function without XLA: without XLA each layer is its own set of kernels,
    and a time per layer is measured rather than modelled. (The alternative, TensorFlow's
@@ -23,7 +23,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from runner import layer_plots, layers, roofline
+from runner.measure import layer_plots, layers, roofline
 from runner.step import make_train_step
 
 CACHE_DIR = Path("outputs")  # beside the calibrated CPU peak FLOP/s

@@ -12,8 +12,9 @@ import re
 import keras
 import tensorflow as tf
 
-from runner import cpu_peak, layers, pruning
-from runner.checkpointing import RematInfo, segment_length
+from runner.measure import cpu_peak, layers
+from runner.techniques import pruning
+from runner.techniques.checkpointing import RematInfo, segment_length
 
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
 ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
@@ -106,7 +107,7 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
 def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     """Bytes of the operations' outputs that backward keeps (x b x p), and the largest output.
 
-    An output is kept when its own gradient or a consumer's reads it (runner/layers.py: a
+    An output is kept when its own gradient or a consumer's reads it (runner/measure/layers.py: a
     BatchNorm output read only by a ReLU is not; counting every output overstated MobileNetV2
     by ~1.5x, issue 14). XLA fuses further. With checkpointing, a segment keeps only its
     output, and the largest segment's activations are rebuilt at a time in backprop.
@@ -121,7 +122,7 @@ def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, in
     half = p == 2
     kept_names = layers.kept_outputs(layers.model_rows(model, 1, None), half)
     held = {name: v for name, v in sizes.items() if name in kept_names}
-    if half:  # 16-bit norms keep a float32 copy of their input (runner/layers.py)
+    if half:  # 16-bit norms keep a float32 copy of their input (runner/measure/layers.py)
         for op in model.operations:
             if layers.kind(op) in layers.NORMS:
                 held[op.name] = held.get(op.name, 0) + math.prod(op.input.shape[1:]) * b * 4
@@ -150,7 +151,7 @@ def estimate_memory(
         activations, workspace = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo()
         )
-    # One float32 mask per pruned kernel, chosen as runner/pruning.py chooses them.
+    # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg) if cfg.pruning.schedule != "none" else []
     parts = {
         "params": _nbytes(model.weights),

@@ -9,7 +9,7 @@ recomputing them saves time and memory where a matmul would not.
 import math
 import re
 
-from runner import cpu_peak, estimate
+from runner.measure import cpu_peak, estimate
 
 # Memory bandwidth from the vendors' data sheets, bytes/s, by patterns of the names nvidia-smi
 # and TensorFlow report (matched upper-cased; the first that matches wins). Word-bounded like

@@ -14,12 +14,12 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from models.spec import DataSpec
-from runner import estimate
-from runner.checkpointing import RematInfo
 from runner.loop import History
-from runner.pruning import Pruner, gzip_weights_bytes
-from runner.telemetry import Memory, speed_figures, timeline_png
-from runner.tracking import Tracker
+from runner.measure import estimate
+from runner.measure.telemetry import Memory, speed_figures, timeline_png
+from runner.techniques.checkpointing import RematInfo
+from runner.techniques.pruning import Pruner, gzip_weights_bytes
+from runner.track.tracking import Tracker
 
 CACHE_DIR = Path("outputs")  # the calibrated CPU peak is cached here, beside the store
 

@@ -98,7 +98,7 @@ def client_for(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
-PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by runner.sweep for the jobs of a sweep
+PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by runner.track.sweep for the jobs of a sweep
 JOB_ENV = "TFMEMLAB_JOB_NUM"  # set by run.py for a sweep job it runs in a fresh process
 
 

@@ -1,0 +1,1 @@
+"""Techniques applied to the training job: precision, checkpointing, pruning."""

@@ -1,0 +1,1 @@
+"""Tracking: MLflow runs, sweeps and their comparison."""
