@@ -10,9 +10,9 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner import precision  # noqa: E402
-from runner.measure import estimate
+from runner.measure import estimate  # noqa: E402
 from runner.step import build_optimizer  # noqa: E402
+from runner.techniques import precision  # noqa: E402
 from runner.train import build_model  # noqa: E402
 from tests.conftest import compose_config, tiny_overrides  # noqa: E402
 
