@@ -6,6 +6,7 @@ import re
 import pytest
 
 from runner.bench import gpu_check
+from runner.bench import layers as layers_bench
 from tests.conftest import TINY, TINY_DATA
 from tests.test_telemetry import HAS_GPU
 
@@ -37,3 +38,29 @@ def test_gpu_check_compares_each_precision_with_fp32(capsys):
         assert float(line.group(1)) == pytest.approx(ratio, abs=0.005)
         assert line.group(2) == ("ok" if ratio <= gpu_check.TARGET else "MISSED")
     assert re.search(r"^gpu_check: 3 jobs in \d+ s$", out, re.M)
+
+
+@pytest.mark.slow
+def test_layers_bench_prints_each_jobs_table_shares_and_check(capsys, monkeypatch):
+    # The layers benchmark with its models at tiny sizes: each job's top-10 table, the
+    # memory-bound shares and the sum of per-layer times against the step time, the verdict
+    # matching the figures it prints.
+    # The transformer only: MobileNetV2's 157 rows took minutes here (test_layers profiles it).
+    monkeypatch.setattr(layers_bench, "MODELS", {"transformer": TINY["transformer"]})
+    tiny = [*TINY_DATA, "profile.repeats=1", "profile.steps=1"]
+    results = layers_bench.main(tiny, steps=2)
+    out = capsys.readouterr().out
+    assert list(results) == ["transformer fp32", "transformer bf16"]
+    for name, r in results.items():
+        block = out.split(f"== {name}:")[1].split("== ")[0]
+        header = block.splitlines()[1].split()
+        assert header == layers_bench.COLUMNS
+        assert len(block.splitlines()) >= 2 + 10  # the top 10 rows
+        shares = re.search(r"memory-bound layers: ([\d.]+)% of FLOPs, ([\d.]+)% of time", block)
+        assert float(shares.group(2)) == pytest.approx(
+            100 * r["layers/memory_bound_time_frac"], abs=0.05
+        )
+        check = re.search(r"= ([\d.]+) \(target 0.7-1.3: (ok|MISSED)\)", block)
+        ratio = r["layers/sum_over_step_time"]
+        assert float(check.group(1)) == pytest.approx(ratio, abs=0.0005)
+        assert check.group(2) == ("ok" if 0.7 <= ratio <= 1.3 else "MISSED")
