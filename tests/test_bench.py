@@ -46,7 +46,10 @@ def test_layers_bench_prints_each_jobs_table_shares_and_check(capsys, monkeypatc
     # memory-bound shares and the sum of per-layer times against the step time, the verdict
     # matching the figures it prints.
     # The transformer only: MobileNetV2's 157 rows took minutes here (test_layers profiles it).
-    monkeypatch.setattr(layers_bench, "MODELS", {"transformer": TINY["transformer"]})
+    # At h=64, 64 tokens the MLP's matmuls sit above the CPU's ridge (at h=16, 8 tokens every
+    # layer was memory-bound, and every share read 100%).
+    small = [*TINY["transformer"], "model.h=64", "data.seq_len=64"]
+    monkeypatch.setattr(layers_bench, "MODELS", {"transformer": small})
     tiny = [*TINY_DATA, "profile.repeats=1", "profile.steps=1"]
     results = layers_bench.main(tiny, steps=2)
     out = capsys.readouterr().out
@@ -56,6 +59,7 @@ def test_layers_bench_prints_each_jobs_table_shares_and_check(capsys, monkeypatc
         header = block.splitlines()[1].split()
         assert header == layers_bench.COLUMNS
         assert len(block.splitlines()) >= 2 + 10  # the top 10 rows
+        assert 0 < r["layers/memory_bound_time_frac"] < 1  # both kinds of layer present
         shares = re.search(r"memory-bound layers: ([\d.]+)% of FLOPs, ([\d.]+)% of time", block)
         assert float(shares.group(2)) == pytest.approx(
             100 * r["layers/memory_bound_time_frac"], abs=0.05
