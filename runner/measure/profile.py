@@ -161,7 +161,8 @@ def profile_layers(cfg, built, model, optimizer, data, device_name, pruner, run_
     built: the model as built (its layers are the rows); model: as trained (checkpointing's
     wrapper around built, or built itself), whose step is timed.
     """
-    saved = [v.numpy() for v in [*model.weights, *optimizer.variables, *_masks(pruner)]]
+    state = [*model.weights, *optimizer.variables, *_masks(pruner)]
+    saved = [v.numpy() for v in state]
     after_update = pruner.after_update if pruner else None
     try:
         step_s = _step_time(model, optimizer, data, cfg.accum, cfg.profile.steps, after_update)
@@ -169,9 +170,7 @@ def profile_layers(cfg, built, model, optimizer, data, device_name, pruner, run_
         seq = data.spec.seq_len if data.spec.kind == "tokens" else None
         table = _run_rows(built, cfg.data.batch_size, seq, x, y, cfg.profile.repeats)
     finally:
-        for v, value in zip(
-            [*model.weights, *optimizer.variables, *_masks(pruner)], saved, strict=True
-        ):
+        for v, value in zip(state, saved, strict=True):
             v.assign(value)
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     # A layer faster than the cached CPU peak makes it calibrate again, as a run's MFU does: a
