@@ -72,8 +72,8 @@ def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: flo
                  with dropout its mask sbh (bytes)
       2 LNs:     their inputs 2sbh
     => 16sbh + as^2b elements, plus (dropout > 0) 2sbh + as^2b mask bytes and as^2b elements;
-    at p = 2 with dropout this is exactly 34sbh + 5as^2b. (Our block has no dropout after the
-    attention projection, so one sbh mask of the paper's is not there: a few % at most.)
+    at p = 2 with dropout this is exactly 34sbh + 5as^2b. models/transformer.py's block keeps
+    exactly these (its layers are memory-limited: models/memory_limited.py).
     """
     sbh, ass = s * b * h, a * s * s * b
     total = 16 * sbh * p + ass * p

@@ -24,7 +24,7 @@ from models.common import Sublayer
 # Gradients that read the layer's input, or its output (the rest read neither).
 KEEPS_INPUT = {
     "Conv1D", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Dense", "EinsumDense",
-    "BatchNormalization", "LayerNormalization", "Multiply", "Embedding", "GELU",
+    "BatchNormalization", "LayerNormalization", "LayerNorm", "Multiply", "Embedding", "GELU",
     "attention_scores", "attention_context", "loss", "MaxPooling2D",
     "Activation:swish", "Activation:silu", "Activation:gelu", "Activation:hard_swish",
     "Activation:hard_silu", "Activation:elu", "Activation:selu",
@@ -33,7 +33,8 @@ KEEPS_OUTPUT = {
     "ReLU", "Softmax", "attention_softmax", "MaxPooling2D", "Activation:relu",
     "Activation:relu6", "Activation:sigmoid", "Activation:tanh", "Activation:softmax",
 }  # fmt: skip
-# Upcast their 16-bit inputs to float32 (keras/src/layers/normalization, ops.nn).
+# Upcast their 16-bit inputs to float32 (keras/src/layers/normalization, ops.nn) and keep
+# that copy; models/memory_limited.py's LayerNorm keeps its 16-bit input instead.
 NORMS = {"BatchNormalization", "LayerNormalization"}
 # Forward FLOPs per output element of elementwise and normalising kinds (a convention, as
 # in FLOP counters; the matmuls and convolutions are counted exactly): batch/layer norm:
@@ -41,7 +42,7 @@ NORMS = {"BatchNormalization", "LayerNormalization"}
 # divide; GELU (erf form): scale, erf (~4), add, two multiplies; swish: sigmoid (~4) and a
 # multiply. Padding, reshapes, embeddings (a gather) and casts do no arithmetic.
 FLOPS_PER_ELEMENT = {
-    "BatchNormalization": 8, "LayerNormalization": 8, "Softmax": 5, "attention_softmax": 5,
+    "BatchNormalization": 8, "LayerNormalization": 8, "LayerNorm": 8, "Softmax": 5, "attention_softmax": 5,
     "GELU": 8, "Activation:gelu": 8, "ReLU": 1, "Activation:relu": 1, "Activation:relu6": 2,
     "Activation:swish": 5, "Activation:silu": 5, "Activation:sigmoid": 4,
     "Activation:hard_swish": 5, "Activation:hard_silu": 5, "Activation:tanh": 4,
@@ -168,6 +169,8 @@ def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
         flops = _element_flops(row.kind, len(inputs), in_elements, out_elements)
     if row.kind in NORMS and inputs[0].dtype in (tf.float16, tf.bfloat16):
         extra += 4 * in_elements  # the float32 copy the norm computes on (see kept_outputs)
+    if row.kind == "Dropout":
+        extra += out_elements  # its boolean keep-mask (tf.nn's dropout selects with it)
     weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)
     written = _nbytes(output)
     read = sum(_nbytes(t) for t in inputs) + weights
