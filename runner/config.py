@@ -19,7 +19,7 @@ from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
-CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every")
+CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every", "selective")
 PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")

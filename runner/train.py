@@ -146,6 +146,9 @@ def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool):
     built = build_model(cfg, data.spec)
     total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
     model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
+    if futile := checkpointing.saves_nothing(remat):
+        print(f"tfmemlab: warning: {futile}", flush=True)
+        tracker.set_tags({"remat/warning": futile})
     optimizer = precision.wrap_optimizer(build_optimizer(cfg, total_steps), cfg)
     optimizer.build(model.trainable_variables)
     # Shares built's variables; steps on the optimizer's clock, as the LR schedule does.

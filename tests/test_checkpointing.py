@@ -65,8 +65,9 @@ def _by_path(variables):
     return {v.path: v.numpy() for v in variables}
 
 
+@pytest.mark.parametrize("policy", ["blocks", "selective"])
 @pytest.mark.parametrize("family", ["transformer", "mobilenet", "efficientnet"])
-def test_gradients_equal_and_state_updated_once(family):
+def test_gradients_equal_and_state_updated_once(family, policy):
     base, _, _, spec = _fresh(family, "none")
     x, y = _batch(spec)
     expected = dict(
@@ -77,7 +78,7 @@ def test_gradients_equal_and_state_updated_once(family):
         )
     )
     expected_state = _by_path(base.non_trainable_variables)
-    _, remat, info, _ = _fresh(family, "blocks")
+    _, remat, info, _ = _fresh(family, policy)
     assert info.segments >= 4 and remat.count_params() == base.count_params()
     got = dict(
         zip(
@@ -95,10 +96,11 @@ def test_gradients_equal_and_state_updated_once(family):
         np.testing.assert_allclose(state[path], value, rtol=1e-5, atol=1e-6, err_msg=path)
 
 
+@pytest.mark.parametrize("policy", ["sqrt", "selective"])
 @pytest.mark.parametrize("family", ["transformer", "mobilenet"])
-def test_weights_match_after_steps_with_accum_and_xla(family):
+def test_weights_match_after_steps_with_accum_and_xla(family, policy):
     results = {}
-    for policy in ("none", "sqrt"):
+    for policy in ("none", policy):
         _, model, _, spec = _fresh(family, policy)
         optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
         optimizer.build(model.trainable_variables)
@@ -112,7 +114,7 @@ def test_weights_match_after_steps_with_accum_and_xla(family):
             step(zip(xs, ys, strict=True))
         results[policy] = _by_path(model.variables)
     for path, value in results["none"].items():
-        np.testing.assert_allclose(results["sqrt"][path], value, rtol=1e-4, atol=1e-5, err_msg=path)
+        np.testing.assert_allclose(results[policy][path], value, rtol=1e-4, atol=1e-5, err_msg=path)
 
 
 @pytest.mark.parametrize(
@@ -133,15 +135,43 @@ def test_unsegmentable_model_is_a_clear_error():
     model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(3)(inputs)))
     with pytest.raises(ValueError, match="checkpointing=blocks: .*no single-tensor block"):
         checkpointing.apply(model, "blocks", 2)
+    with pytest.raises(ValueError, match="checkpointing=selective: .*neither attention"):
+        checkpointing.apply(model, "selective", 2)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "mixed", "bf16"])
-def test_checkpointed_run_under_each_precision(precision, tiny_cfg):
+def test_selective_keeps_the_convolutions_and_recomputes_what_lies_between():
+    _, model, info, _ = _fresh("mobilenet", "selective")
+    recomputed = set().union(*info.segment_ops)
+    # Block 1: expand conv, BN, ReLU6, pad, depthwise, BN, ReLU6, project conv.
+    assert {"block_1_expand_BN", "block_1_depthwise", "block_1_depthwise_relu"} <= recomputed
+    assert not any("expand" == n.split("_")[-1] or n.endswith("project") for n in recomputed)
+    assert "block_1_expand" in info.segment_inputs
+    assert info.recomputed_flops > 0
+
+
+def test_a_policy_that_cannot_save_says_so_before_training(tiny_cfg, capsys):
+    from mlflow.tracking import MlflowClient
+
+    cfg = tiny_cfg("transformer", "checkpointing=blocks")  # the tiny transformer: 1 layer
+    result = run(cfg)
+    out = capsys.readouterr().out
+    # before the first step: ahead of the summary's peak/step-time line
+    assert out.index("checkpointing=blocks saves no memory here") < out.index(" step ")
+    tags = MlflowClient(cfg.mlflow.tracking_uri).get_run(result["run_id"]).data.tags
+    assert "1 block(s) form one segment" in tags["remat/warning"]
+    quiet = run(tiny_cfg("transformer", "model.layers=2", "checkpointing=blocks"))
+    assert "saves no memory" not in capsys.readouterr().out and quiet["remat/segments"] == 2
+
+
+@pytest.mark.parametrize(
+    "precision, policy", [("fp32", "blocks"), ("mixed", "selective"), ("bf16", "blocks")]
+)
+def test_checkpointed_run_under_each_precision(precision, policy, tiny_cfg):
     result = run(
         tiny_cfg(
             "transformer",
             "model.layers=2",
-            "checkpointing=blocks",
+            f"checkpointing={policy}",
             f"precision={precision}",
             "accum=2",
         )

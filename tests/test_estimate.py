@@ -95,12 +95,12 @@ def test_masks_only_when_pruning():
 
 # Korthikanti et al. 2022 per layer, written out for s=8, b=4, h=16, a=2, L=1 (the tiny config):
 # sbh = 512, as^2b = 512. fp32, no dropout: 16*512*4 + 512*4 = 34816; embedding + final norm
-# 2*512*4 = 4096; head 2*b*s*classes*4 = 2*4*8*16*4 = 4096.
-FP32_NO_DROPOUT = 34816 + 4096 + 4096
+# 2*512*4 = 4096; head: the cross-entropy's float32 gradient b*s*classes*4 = 4*8*16*4 = 2048.
+FP32_NO_DROPOUT = 34816 + 4096 + 2048
 # Dropout adds 2sbh + as^2b mask bytes and as^2b more elements: 1024 + 512 + 512*4 = 3584.
 FP32_DROPOUT = FP32_NO_DROPOUT + 3584
 # bf16 halves everything but the float32 head: 16*512*2 + 512*2 + 2*512*2 + 4096.
-BF16_NO_DROPOUT = 17408 + 2048 + 4096
+BF16_NO_DROPOUT = 17408 + 2048 + 2048
 
 
 @pytest.mark.parametrize(
@@ -118,8 +118,23 @@ def test_transformer_activations_match_formula(extra, expected):
 
 
 def test_transformer_activations_halve_16_bit_part():
-    head = 2 * 4 * 8 * 16 * 4
+    head = 4 * 8 * 16 * 4
     assert activations("precision=bf16") - head == (activations() - head) / 2
+
+
+@pytest.mark.parametrize("s, b, h, a", [(48, 3, 40, 5), (20, 2, 64, 8)])
+def test_16_bit_layer_with_dropout_is_korthikantis_34_plus_5as_over_h(s, b, h, a):
+    # Asymmetric sizes (s != h, as/h not 1): swapping the sbh and as^2b coefficients fails.
+    assert a * s != h and s != h
+    expected = s * b * h * (34 + 5 * a * s / h)
+    assert estimate.transformer_layer_bytes(s, b, h, a, 2, 0.1) == expected
+
+
+def test_selective_drops_the_attention_core_but_one():
+    # 3 layers, s=8, b=4, h=16, a=2: the core is as^2b*4 = 2048 bytes at fp32, no dropout.
+    full = activations("model.layers=3")
+    selective = activations("model.layers=3", "checkpointing=selective")
+    assert full - selective == 2 * 2 * 8 * 8 * 4 * 4
 
 
 def test_transformer_activations_linear_in_batch():
@@ -132,15 +147,15 @@ def test_checkpointing_blocks_shrinks_activations():
     full = activations(*layers)
     blocks = activations(*layers, "checkpointing.policy=blocks")
     sbhp = 8 * 4 * 16 * 4
-    head_and_edges = 4096 + 2 * sbhp
+    head_and_edges = 2048 + 2 * sbhp
     assert blocks < full
     # 4 block inputs kept + one block recomputed at a time.
     assert blocks == 4 * sbhp + (full - head_and_edges) / 4 + head_and_edges
 
 
 def test_unknown_checkpointing_policy_fails():
-    with pytest.raises(ValueError, match="checkpointing.policy=selective"):
-        activations("checkpointing.policy=selective")
+    with pytest.raises(ValueError, match="checkpointing.policy=bogus"):
+        activations("checkpointing.policy=bogus")
 
 
 def test_cnn_activations_proportional_to_batch():
@@ -225,19 +240,29 @@ def test_mfu(args, expected):
     assert (math.isnan(value) and math.isnan(expected)) or value == expected
 
 
-def test_workspace_is_one_transformer_layer():
+def test_workspace_is_one_layer_under_xla_and_the_largest_float32_temporary_without():
     model, opt, cfg, spec = built("transformer", "model.layers=3")
-    parts = estimate.estimate_memory(model, opt, cfg, spec)
-    assert parts["workspace"] == estimate.transformer_layer_bytes(8, 4, 16, 2, 4, 0.0)
+    xla = estimate.estimate_memory(model, opt, cfg, spec, True)["workspace"]
+    assert xla == estimate.transformer_layer_bytes(8, 4, 16, 2, 4, 0.0)
+    # s=8, b=4, h=16, a=2: the MLP's 16sbh = 8192 bytes beat the scores' 5as^2b = 2560.
+    assert estimate.estimate_memory(model, opt, cfg, spec)["workspace"] == 16 * 512
+    bf16 = built("transformer", "model.layers=3", "precision=bf16")
+    assert estimate.estimate_memory(*bf16)["workspace"] == 16 * 512 * 3.5  # float32 copies
+    # 16 heads: as^2b = 16*8*8*4 = 4096 elements, sbh = 512: the scores' temporaries win, and
+    # a recomputing policy holds one more.
+    for policy, copies in (("none", 5), ("blocks", 6), ("selective", 6)):
+        heads = built("transformer", "model.heads=16", "model.layers=2", f"checkpointing={policy}")
+        assert estimate.estimate_memory(*heads)["workspace"] == copies * 4096
 
 
 def test_cpu_xla_counts_activations_as_xla_keeps_them_on_a_cpu():
-    fp32 = estimate.estimate_memory(*built("transformer"), True)
-    assert fp32 == estimate.estimate_memory(*built("transformer"))  # fp32: no conversions
+    fp32_xla = estimate.estimate_memory(*built("transformer"), True)
+    fp32 = estimate.estimate_memory(*built("transformer"))
+    head = 4 * 8 * 16 * 4  # one float32 copy of the logits
+    assert fp32_xla["activations"] == fp32["activations"] + head  # XLA's calibration: two
     bf16 = estimate.estimate_memory(*built("transformer", "precision=bf16"), True)
-    assert bf16["activations"] == fp32["activations"]  # computed and kept in float32
-    fp16 = estimate.estimate_memory(*built("transformer", "precision=mixed"))
+    assert bf16["activations"] == fp32_xla["activations"]  # computed and kept in float32
     fp16_cpu_xla = estimate.estimate_memory(*built("transformer", "precision=mixed"), True)
-    head = 2 * 4 * 8 * 16 * 4  # float32 logits and softmax: the same on every path
-    assert fp16_cpu_xla["activations"] - head == 3 * (fp16["activations"] - head)  # 2 + 4 bytes
-    assert fp16_cpu_xla["workspace"] == 3 * fp16["workspace"]
+    body = fp16_cpu_xla["activations"] - 2 * head
+    assert body == 6 / 4 * (fp32_xla["activations"] - 2 * head)  # 2 + 4 bytes per element
+    assert fp16_cpu_xla["workspace"] == 6 / 4 * fp32_xla["workspace"]

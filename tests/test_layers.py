@@ -116,7 +116,8 @@ def test_kernel_flops_add_up_to_the_models_macs():
 def test_backward_keeps_conv_and_relu_outputs_not_batchnorms():
     # TensorFlow's ReLU gradient reads its output and BatchNorm's its input: between a
     # convolution and its ReLU, the BatchNorm output is the one tensor backward does not need.
-    # Add's gradient reads neither input, Flatten's none; Dense reads its input.
+    # Add's gradient reads neither input, Flatten's none; Dense reads its input; the loss
+    # keeps the gradient it computed with the loss, not the logits (the head's output).
     x = keras.Input((8, 8, 3))
     y = keras.layers.Conv2D(4, 3, padding="same", name="conv")(x)
     y = keras.layers.BatchNormalization(name="bn")(y)
@@ -124,9 +125,9 @@ def test_backward_keeps_conv_and_relu_outputs_not_batchnorms():
     z = keras.layers.Add(name="add")([y, keras.layers.Conv2D(4, 1, name="proj")(x)])
     model = keras.Model(x, keras.layers.Dense(2, name="head")(keras.layers.Flatten()(z)))
     rows = layers.model_rows(model, 1, None)
-    assert layers.kept_outputs(rows) == {"conv", "relu", "flatten", "head"}
+    assert layers.kept_outputs(rows) == {"conv", "relu", "flatten"}
     # Under a 16-bit policy BatchNorm reads its own float32 copy, not the convolution's output.
-    assert layers.kept_outputs(rows, half=True) == {"relu", "flatten", "head"}
+    assert layers.kept_outputs(rows, half=True) == {"relu", "flatten"}
 
 
 def _profiled(tiny_cfg, model, *extra):
@@ -159,7 +160,9 @@ def test_profile_rows_add_up_to_the_estimate_and_are_logged(
     assert mlrun.data.tags["layers/top_activation"] == top
     for key in ("time", "flops", "activation"):
         frac = mlrun.data.metrics[f"layers/memory_bound_{key}_frac"]
-        assert 0 < frac < 1, (key, frac)
+        # The tiny MobileNet's convolutions sit near the ridge: on a CPU with a high FLOP/s
+        # to bandwidth ratio (AMX: 318 GFLOP/s over ~30 GB/s) every one is memory-bound.
+        assert 0 < frac < 1 if model == "transformer" else 0 < frac <= 1, (key, frac)
     assert "memory-bound layers:" in mlrun.data.tags["mlflow.note.content"]
     local = client.download_artifacts(result["run_id"], "", str(tmp_path))
     with open(f"{local}/layers.csv") as f:

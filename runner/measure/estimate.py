@@ -18,7 +18,7 @@ from runner.techniques.checkpointing import RematInfo, segment_length
 
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
 ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
-CHECKPOINTING = ("none", "blocks", "sqrt", "every")
+CHECKPOINTING = ("none", "blocks", "sqrt", "every", "selective")
 
 # Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32 on CUDA cores,
 # TF32 on tensor cores or None where the chip has none, 16-bit on tensor cores).
@@ -75,16 +75,41 @@ def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: flo
     at p = 2 with dropout this is exactly 34sbh + 5as^2b. models/transformer.py's block keeps
     exactly these (its layers are memory-limited: models/memory_limited.py).
     """
-    sbh, ass = s * b * h, a * s * s * b
-    total = 16 * sbh * p + ass * p
+    sbh = s * b * h
+    total = 16 * sbh * p + attention_core_bytes(s, b, a, p, dropout)
     if dropout > 0:
-        total += 2 * sbh + ass + ass * p
+        total += 2 * sbh
     return total
 
 
-def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
-    """(activations kept for backward, workspace): the workspace is one layer's worth of
-    activation gradients, alive while that layer's backward pass runs."""
+def attention_core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
+    """What the attention core keeps beyond its inputs: the softmax output as^2b elements,
+    and with dropout its 1-byte mask and its output; checkpointing=selective recomputes it."""
+    ass = a * s * s * b
+    return ass * p + ((ass + ass * p) if dropout > 0 else 0)
+
+
+def _transformer_workspace(s, b, h, a, p, policy, cpu_xla, layer) -> int:
+    """Bytes alive beside the kept activations at the peak: temporaries, gradients.
+
+    Under XLA (fused): one layer's worth of activation gradients. Without XLA, the largest
+    float32 temporaries: the softmax's (models/memory_limited.py computes it in float32 at
+    any precision) and GELU's over the 4h-wide MLP activation, which 16-bit policies compute
+    on float32 copies. Their multiples were fitted to the peaks of 36 runs (2 sizes, one
+    attention-bound and one MLP-bound, x 3 precisions x dropout 0/0.1 x none/blocks/selective,
+    BFC allocator, this CPU): a recomputing policy holds one more float32 scores-sized
+    temporary, since its softmax runs again while the other layers' activations are held.
+    """
+    if cpu_xla:
+        return layer
+    sbh, ass = s * b * h, a * s * s * b
+    attention = (6 if policy != "none" else 5) * ass
+    mlp = 16 * sbh * (3.5 if p == 2 else 1)
+    return int(max(attention, mlp))
+
+
+def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int]:
+    """(activations kept for backward, workspace; see _transformer_workspace)."""
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     policy = cfg.checkpointing.policy
     if policy not in CHECKPOINTING:
@@ -92,6 +117,10 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
     layer = transformer_layer_bytes(s, b, m.h, m.heads, p, m.dropout)
     if policy == "none":
         body = m.layers * layer
+    elif policy == "selective":
+        # Each layer keeps all but its attention core, rebuilt one layer at a time.
+        core = attention_core_bytes(s, b, m.heads, p, m.dropout)
+        body = m.layers * (layer - core) + core
     else:
         # Recomputation (Korthikanti et al. 2022, Sec. 4.1: 2sbhL in 16-bit for every block):
         # each segment of k blocks keeps only its input, and one segment's activations are
@@ -99,9 +128,12 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
         k = segment_length(policy, m.layers, cfg.checkpointing.every)
         body = math.ceil(m.layers / k) * s * b * m.h * p + min(k, m.layers) * layer
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
-    # Head: float32 logits and the float32 softmax the cross-entropy keeps for its gradient.
-    head = 2 * b * (s if spec.per_token else 1) * spec.num_classes * 4
-    return body + edges + head, layer
+    # Head: the float32 gradient the cross-entropy computes with its loss and keeps (measured:
+    # 1.00x the logits; the logits themselves are not kept). XLA's figures were calibrated
+    # with a second copy, the logits (issue 13), and keep it.
+    head = (2 if cpu_xla else 1) * b * (s if spec.per_token else 1) * spec.num_classes * 4
+    workspace = _transformer_workspace(s, b, m.h, m.heads, p, policy, cpu_xla, layer)
+    return body + edges + head, workspace
 
 
 def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
@@ -130,7 +162,10 @@ def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, in
         return sum(held.values()), workspace
     inside = set().union(*remat.segment_ops)
     kept = sum(v for name, v in held.items() if name not in inside)
-    kept += sum(sizes[name] for name in remat.segment_outputs)
+    # Segments keep their outputs, and their inputs where nothing else already did (selective
+    # segments start at a convolution's output, which a 16-bit norm would not have kept).
+    ends = set(remat.segment_outputs) | set(remat.segment_inputs)
+    kept += sum(sizes[name] for name in ends if name not in held or name in inside)
     rebuilt = max(sum(held.get(name, 0) for name in ops) for ops in remat.segment_ops)
     return kept + rebuilt, workspace
 
@@ -146,7 +181,7 @@ def estimate_memory(
     trainable = model.trainable_variables
     p = _activation_bytes(cfg, cpu_xla)
     if cfg.model.name == "transformer":
-        activations, workspace = _transformer_activations(cfg, spec, p)
+        activations, workspace = _transformer_activations(cfg, spec, p, cpu_xla)
     else:
         activations, workspace = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo()
@@ -230,15 +265,21 @@ def hardware_flops_per_step(model_flops: float, model, cfg, spec, remat: RematIn
     """Model FLOPs plus the forward passes that checkpointing runs again in backprop.
 
     Transformer: every block is recomputed once, 2*12h^2 + 4hs FLOPs per token per layer
-    (the forward third of PaLM's 6N + 12Lhs). CNNs: the recomputed segments' share of the
-    forward MACs (from layer shapes) applied to the forward FLOPs (a third of model FLOPs).
+    (the forward third of PaLM's 6N + 12Lhs); selective: the attention core's 4hs. CNNs: the
+    recomputed segments' share of the forward MACs (from layer shapes) applied to the forward
+    FLOPs (a third of model FLOPs); selective: the recomputed layers' FLOPs as
+    runner/measure/layers.py counts them.
     """
     if not remat.segments:
         return model_flops
+    examples = cfg.data.batch_size * cfg.accum
     if cfg.model.name == "transformer":
         m, s = cfg.model, spec.seq_len
-        tokens = cfg.data.batch_size * cfg.accum * s
-        return model_flops + float(tokens * m.layers * (24 * m.h**2 + 4 * m.h * s))
+        if remat.policy == "selective":  # the attention core: scores and product with V
+            return model_flops + float(examples * s * m.layers * 4 * m.h * s)
+        return model_flops + float(examples * s * m.layers * (24 * m.h**2 + 4 * m.h * s))
+    if remat.policy == "selective":
+        return model_flops + remat.recomputed_flops * examples
     share = _kernel_macs(model, set().union(*remat.segment_ops)) / _kernel_macs(model)
     return model_flops * (1 + share / 3)
 

@@ -25,7 +25,7 @@ from models.common import Sublayer
 KEEPS_INPUT = {
     "Conv1D", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Dense", "EinsumDense",
     "BatchNormalization", "LayerNormalization", "LayerNorm", "Multiply", "Embedding", "GELU",
-    "attention_scores", "attention_context", "loss", "MaxPooling2D",
+    "attention_scores", "attention_context", "MaxPooling2D",
     "Activation:swish", "Activation:silu", "Activation:gelu", "Activation:hard_swish",
     "Activation:hard_silu", "Activation:elu", "Activation:selu",
 }  # fmt: skip
@@ -84,6 +84,17 @@ def _kernel_flops(op, out_elements: int, out_channels: int) -> float | None:
         return None
     bias = out_elements if getattr(op, "bias", None) is not None else 0
     return 2.0 * math.prod(kernel.shape) * out_elements / out_channels + bias
+
+
+def layer_flops(op) -> float:
+    """Forward FLOPs of one example through a functional model's layer, by the rules above."""
+    out_shape = op.output.shape
+    out_elements = math.prod(out_shape[1:])
+    flops = _kernel_flops(op, out_elements, out_shape[-1])
+    if flops is not None:
+        return flops
+    in_elements = sum(math.prod(t.shape[1:]) for t in op._inbound_nodes[0].input_tensors)
+    return _element_flops(kind(op), len(op._inbound_nodes[0].input_tensors), in_elements, out_elements)
 
 
 def _call_node(op, node) -> Callable:
@@ -161,8 +172,8 @@ def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
     in_elements = sum(t.shape.num_elements() for t in inputs)
     flops, extra = row.flops, row.extra_kept
     if row.kind == "loss":
-        # Per logit: softmax and cross-entropy; the loss keeps its float32 softmax for the
-        # gradient.
+        # Per logit: softmax and cross-entropy; the loss keeps the float32 gradient it
+        # computes with the loss (softmax - one-hot), not the logits (measured: 1.00x).
         logits = inputs[0].shape.num_elements()
         flops, extra = FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
     if flops is None:

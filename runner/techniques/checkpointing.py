@@ -6,6 +6,14 @@ MobileNet inverted residual, EfficientNet MBConv block), makes each run of k blo
 sub-model sharing the original layers, and wraps it in `Remat`, which calls it through
 `tf.recompute_grad`. Policies: `blocks` (k = 1), `sqrt` (k = ceil(sqrt(n)), Chen et al. 2016,
 "Training Deep Nets with Sublinear Memory Cost"), `every` (k = checkpointing.every).
+
+`selective` recomputes only cheap, memory-bound layers and keeps the outputs of the matmuls
+and convolutions: the transformer's attention core (scores, softmax, dropout, product with V;
+Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"),
+and a CNN's normalization+activation pairs after its convolutions, in the spirit of in-place
+activated BatchNorm (Rota Bulo et al. 2018): each pair keeps only its input for backward.
+Both go through tf.recompute_grad, whose data dependency on the upstream gradient survives
+XLA on a CPU (an optimization_barrier does not: shared GUIDE).
 """
 
 import math
@@ -14,6 +22,8 @@ from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
+
+from runner.measure import layers
 
 # Block names in keras.applications and models/transformer.py: block_3_expand (MobileNetV2),
 # expanded_conv_2_add (MobileNetV3, V2's first block), block2a_dwconv (EfficientNet), block_0.
@@ -30,6 +40,11 @@ class RematInfo:
     # per segment: the names of the graph operations it recomputes, and its output's producer
     segment_ops: list[set[str]] = field(default_factory=list)
     segment_outputs: list[str] = field(default_factory=list)
+    # selective on a CNN: each segment's input (a convolution's output), kept for backward
+    segment_inputs: list[str] = field(default_factory=list)
+    # selective: forward FLOPs per example run again in backprop (counted per element for
+    # the pairs, as runner/measure/layers.py counts them)
+    recomputed_flops: float = 0.0
 
     @property
     def segments(self) -> int:
@@ -65,6 +80,19 @@ class Remat(keras.layers.Layer):
         for variable, value in zip(state, new_values, strict=True):
             variable.assign(value)
         return y
+
+
+def saves_nothing(info: RematInfo) -> str | None:
+    """Why a policy cannot save memory on this model, or None: a single segment holding every
+    block rebuilds all their activations at once in backprop, so the peak stays and only the
+    extra forward pass is paid. The run says so before it trains (issue 15)."""
+    if info.policy in ("none", "selective") or info.segments != 1:
+        return None
+    return (
+        f"checkpointing={info.policy} saves no memory here: the model's {info.blocks} "
+        f"block(s) form one segment, rebuilt whole in backprop; it only costs a forward pass "
+        "more. Use checkpointing=none or selective, or a model with more layers"
+    )
 
 
 def block_of(name: str) -> str | None:
@@ -125,6 +153,8 @@ def apply(model: keras.Model, policy: str, every: int) -> tuple[keras.Model, Rem
     """The model with its blocks grouped into rematerialised segments, and what was done."""
     if policy == "none":
         return model, RematInfo()
+    if policy == "selective":
+        return selective(model)
     cuts = block_boundaries(model)
     if len(cuts) < 2:
         raise ValueError(
@@ -144,3 +174,85 @@ def apply(model: keras.Model, policy: str, every: int) -> tuple[keras.Model, Rem
         x = Remat(segment, name=f"remat_{i}")(x)
     outputs = keras.Model(edges[-1], model.outputs, name="after_blocks")(x)
     return keras.Model(inputs, outputs, name=model.name), info
+
+
+# Cheap, memory-bound layers a selective segment may hold (issue 14 measured them memory-bound).
+_CHEAP = (
+    keras.layers.BatchNormalization,
+    keras.layers.ReLU,
+    keras.layers.Activation,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.ZeroPadding2D,
+)
+
+
+def _cheap_chains(model: keras.Model) -> list[list]:
+    """Runs of cheap layers from one convolution's output to the next one's input, each
+    layer's output read only by the next: normalization+activation, a depthwise convolution,
+    normalization+activation (MobileNet's and EfficientNet's blocks). Only runs with a
+    depthwise convolution inside save memory: TensorFlow's BatchNorm gradient keeps only its
+    input, so a norm+activation pair alone keeps its input and output with or without
+    recomputation; dropping the depthwise convolution's input and output is the saving."""
+    readers = {}
+    for op in model.operations:
+        for node in op._inbound_nodes:
+            for tensor in node.input_tensors:
+                readers.setdefault(id(tensor), []).append(op)
+
+    def next_cheap(op):
+        following = readers.get(id(op.output), [])
+        return following[0] if len(following) == 1 and isinstance(following[0], _CHEAP) else None
+
+    followers = {
+        id(n) for op in model.operations if isinstance(op, _CHEAP) and (n := next_cheap(op))
+    }
+    chains = []
+    for op in model.operations:
+        if not isinstance(op, _CHEAP) or id(op) in followers:
+            continue
+        chain = [op]
+        while (following := next_cheap(chain[-1])) is not None:
+            chain.append(following)
+        if any(isinstance(c, keras.layers.DepthwiseConv2D) for c in chain[1:]):
+            chains.append(chain)
+    return chains
+
+
+def selective(model: keras.Model) -> tuple[keras.Model, RematInfo]:
+    """checkpointing=selective: the transformer's attention core, or a CNN's runs of cheap
+    layers between convolutions, recomputed in backprop (module docstring)."""
+    blocks = [layer for layer in model.layers if hasattr(layer, "recompute_attention")]
+    if blocks:
+        for block in blocks:
+            block.recompute_attention = True
+        names = [{f"{block.name}/attention_core"} for block in blocks]
+        return model, RematInfo("selective", len(blocks), 1, names, [b.name for b in blocks])
+    chains = _cheap_chains(model)
+    if not chains:
+        raise ValueError(
+            f"checkpointing=selective: model {model.name} has neither attention blocks nor "
+            "depthwise convolutions between normalizations to recompute; use checkpointing=none"
+        )
+    info = RematInfo("selective", len(chains), 1)
+    firsts, lasts = {}, {}
+    for i, chain in enumerate(chains):
+        segment = keras.Model(chain[0].input, chain[-1].output, name=f"cheap_{i}")
+        firsts[id(chain[0])] = None
+        lasts[id(chain[-1])] = Remat(segment, name=f"remat_cheap_{i}")
+        info.segment_ops.append({op.name for op in chain})
+        info.segment_outputs.append(chain[-1].name)
+        info.segment_inputs.append(chain[0]._inbound_nodes[0].parent_nodes[0].operation.name)
+        info.recomputed_flops += sum(layers.layer_flops(op) for op in chain)
+    inside = {id(op) for chain in chains for op in chain} - set(lasts)
+
+    def call(layer, *args, **kwargs):
+        if id(layer) in lasts:  # the chain's Remat runs it all, from the chain's input
+            return lasts[id(layer)](args[0])
+        if id(layer) in inside:  # pass the chain's input along to its last layer
+            return args[0]
+        return layer(*args, **kwargs)
+
+    rebuilt = keras.models.clone_model(
+        model, clone_function=lambda layer: layer, call_function=call
+    )
+    return rebuilt, info

@@ -1,0 +1,78 @@
+"""Memory-limited layers (issue 15): the custom gradients are the true gradients, and the
+transformer block built from them computes what Keras's own layers compute."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import memory_limited as ml
+from models.transformer import TransformerBlock
+
+
+def _band(t: int, s: int):
+    return tf.linalg.band_part(tf.ones((t, s), tf.bool), -1, 0)
+
+
+def _reference_layer_norm(x, gamma, beta):
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + 1e-5) * gamma + beta
+
+
+def _reference_softmax(scores):
+    return tf.nn.softmax(tf.where(_band(*scores.shape[-2:]), scores, -1e30), axis=-1)
+
+
+CASES = {
+    "layer_norm": (lambda x, g, b: ml.layer_norm(x, g, b, 1e-5), _reference_layer_norm, 3),
+    "gelu": (ml.gelu, lambda x: keras.activations.gelu(x, approximate=False), 1),
+    "softmax": (lambda s: ml.softmax(s, causal=True), _reference_softmax, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_custom_gradients_are_the_autodiff_gradients(name):
+    fn, reference, n_args = CASES[name]
+    rng = np.random.default_rng(0)
+    # Asymmetric shapes (rows != features), values well away from zero so a dropped term shows.
+    shapes = [(3, 2, 5, 7), (7,), (7,)][:n_args]
+    args = [tf.constant(rng.normal(size=s) * 2.0, tf.float32) for s in shapes]
+    upstream = tf.constant(rng.normal(size=shapes[0]), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(args)
+        got, expected = fn(*args), reference(*args)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    for g, e in zip(
+        tape.gradient(got, args, upstream), tape.gradient(expected, args, upstream), strict=True
+    ):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def _keras_block_output(block, x):
+    """The block's computation in Keras's own layers (LayerNormalization, MultiHeadAttention
+    at dropout 0, Dense with Keras's GELU), on the block's weights."""
+    def norm(layer, t):
+        return keras.ops.layer_normalization(t, layer.gamma, layer.beta, epsilon=1e-5)
+
+    y = norm(block.attn_norm, x)
+    x = x + block.attn(y, y, use_causal_mask=block.causal)
+    up = block.mlp_up
+    hidden = keras.activations.gelu(norm(block.mlp_norm, x) @ up.kernel + up.bias, False)
+    return x + block.mlp_down(hidden)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_gradients_match_keras_layers(causal):
+    keras.utils.set_random_seed(0)
+    block = TransformerBlock(24, 3, 0.0, causal=causal)
+    x = tf.random.normal((2, 10, 24))
+    upstream = tf.random.normal((2, 10, 24))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        got, expected = block(x, training=True), _keras_block_output(block, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    wrt = [x, *block.trainable_variables]
+    for g, e in zip(
+        tape.gradient(got, wrt, upstream), tape.gradient(expected, wrt, upstream), strict=True
+    ):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
