@@ -65,13 +65,13 @@ class TransformerBlock(keras.layers.Layer):
         seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
         rate = self.dropout if dropping else 0.0
 
-        def core(query, key, value, seed):
+        def core(query, key, value):  # the seed is captured: recompute_grad watches floats
             return attention_core(query, key, value, seed, rate, self.causal)
 
         if self.recompute_attention and training:
-            context = tf.recompute_grad(core)(query, key, value, seed)
+            context = tf.recompute_grad(core)(query, key, value)
         else:
-            context = core(query, key, value, seed)
+            context = core(query, key, value)
         x = x + self.attn_dropout(attn._output_dense(context), training=training)
         y = self.mlp_down(self.mlp_up(self.mlp_norm(x)))
         return x + self.mlp_dropout(y, training=training)

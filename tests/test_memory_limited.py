@@ -51,6 +51,7 @@ def test_custom_gradients_are_the_autodiff_gradients(name):
 def _keras_block_output(block, x):
     """The block's computation in Keras's own layers (LayerNormalization, MultiHeadAttention
     at dropout 0, Dense with Keras's GELU), on the block's weights."""
+
     def norm(layer, t):
         return keras.ops.layer_normalization(t, layer.gamma, layer.beta, epsilon=1e-5)
 
@@ -76,3 +77,51 @@ def test_block_gradients_match_keras_layers(causal):
         tape.gradient(got, wrt, upstream), tape.gradient(expected, wrt, upstream), strict=True
     ):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+# The estimate against the allocator's measured peak, transformer without XLA, at sizes where
+# s != h and as/h != 1 (s=256, h=32, 4 heads: as/h = 32, attention-bound): every precision x
+# dropout 0/0.1 x policy. Each job in a fresh process (runner.bench), two at a time.
+ESTIMATE_SIZES = [
+    "model=transformer",
+    "model.h=32",
+    "model.heads=4",
+    "model.layers=2",
+    "data.seq_len=256",
+    "data.batch_size=8",
+    "data.vocab_size=256",
+    "data.train_samples=48",
+    "data.val_samples=8",
+    "trainer.max_steps=3",
+    "trainer.jit_compile=false",
+    "trainer.progress=false",
+]
+
+
+@pytest.mark.slow
+def test_estimate_tracks_the_measured_peak_for_every_precision_dropout_and_policy(tmp_path):
+    import itertools
+    import multiprocessing
+
+    from runner.bench import _run_one
+
+    cells = list(
+        itertools.product(("fp32", "bf16", "mixed"), ("0", "0.1"), ("none", "blocks", "selective"))
+    )
+    jobs = [
+        [
+            *ESTIMATE_SIZES,
+            f"precision={p}",
+            f"model.dropout={d}",
+            f"checkpointing={c}",
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+        ]
+        for p, d, c in cells
+    ]
+    with multiprocessing.get_context("spawn").Pool(2, maxtasksperchild=1) as pool:
+        first = pool.apply(_run_one, (jobs[0],))  # creates the store before jobs share it
+        results = [first, *pool.map(_run_one, jobs[1:], chunksize=1)]
+    ratios = {cell: r["mem/measured_over_estimate"] for cell, r in zip(cells, results, strict=True)}
+    # Issue 15's band. Measured here: 0.88-1.10; the same job's peak varied by up to 8% from
+    # one run to the next.
+    assert all(0.85 <= v <= 1.15 for v in ratios.values()), ratios

@@ -3,7 +3,7 @@
     python -m runner.bench overhead          # runner loop vs plain model.fit, same model and data
     python -m runner.bench memory            # peak vs batch size and width, measured vs estimate
     python -m runner.bench precision_accum   # fp32/mixed/bf16 x accum 1/4, transformer and CNN
-    python -m runner.bench checkpointing     # each checkpointing policy against none
+    python -m runner.bench checkpointing     # checkpointing policies, bf16 attention vs baseline
     python -m runner.bench gpu_check         # transformer fp32 vs mixed vs bf16 on a GPU
     python -m runner.bench layers            # per-layer profile: memory-bound layers' shares
 

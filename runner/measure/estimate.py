@@ -127,6 +127,11 @@ def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int
         # rebuilt at a time in backprop.
         k = segment_length(policy, m.layers, cfg.checkpointing.every)
         body = math.ceil(m.layers / k) * s * b * m.h * p + min(k, m.layers) * layer
+        if m.dropout > 0 and not cpu_xla:
+            # The rebuilt segment peaks in its last softmax's backward, after that layer's
+            # dropout backward freed its mask and dropped probabilities (measured: blocks with
+            # dropout read 0.75-0.81x the estimate that counted them).
+            body -= attention_core_bytes(s, b, m.heads, p, m.dropout) - m.heads * s * s * b * p
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
     # Head: the float32 gradient the cross-entropy computes with its loss and keeps (measured:
     # 1.00x the logits; the logits themselves are not kept). XLA's figures were calibrated

@@ -42,8 +42,9 @@ NORMS = {"BatchNormalization", "LayerNormalization"}
 # divide; GELU (erf form): scale, erf (~4), add, two multiplies; swish: sigmoid (~4) and a
 # multiply. Padding, reshapes, embeddings (a gather) and casts do no arithmetic.
 FLOPS_PER_ELEMENT = {
-    "BatchNormalization": 8, "LayerNormalization": 8, "LayerNorm": 8, "Softmax": 5, "attention_softmax": 5,
-    "GELU": 8, "Activation:gelu": 8, "ReLU": 1, "Activation:relu": 1, "Activation:relu6": 2,
+    "BatchNormalization": 8, "LayerNormalization": 8, "LayerNorm": 8, "Softmax": 5,
+    "attention_softmax": 5, "GELU": 8, "Activation:gelu": 8, "ReLU": 1, "Activation:relu": 1,
+    "Activation:relu6": 2,
     "Activation:swish": 5, "Activation:silu": 5, "Activation:sigmoid": 4,
     "Activation:hard_swish": 5, "Activation:hard_silu": 5, "Activation:tanh": 4,
     "Dropout": 2, "Rescaling": 2, "Normalization": 2, "loss": 6,
@@ -93,8 +94,9 @@ def layer_flops(op) -> float:
     flops = _kernel_flops(op, out_elements, out_shape[-1])
     if flops is not None:
         return flops
-    in_elements = sum(math.prod(t.shape[1:]) for t in op._inbound_nodes[0].input_tensors)
-    return _element_flops(kind(op), len(op._inbound_nodes[0].input_tensors), in_elements, out_elements)
+    inputs = op._inbound_nodes[0].input_tensors
+    in_elements = sum(math.prod(t.shape[1:]) for t in inputs)
+    return _element_flops(kind(op), len(inputs), in_elements, out_elements)
 
 
 def _call_node(op, node) -> Callable:
