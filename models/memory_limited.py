@@ -62,6 +62,7 @@ def layer_norm(x, gamma, beta, epsilon: float):
     return forward(x, tf.cast(gamma, tf.float32), tf.cast(beta, tf.float32))
 
 
+@keras.saving.register_keras_serializable(package="tfmemlab")  # a saved model loads it back
 class LayerNorm(keras.layers.LayerNormalization):
     """keras.layers.LayerNormalization (same variables, same config) over the last axis,
     keeping only its input for backward."""

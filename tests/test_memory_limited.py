@@ -99,6 +99,7 @@ ESTIMATE_SIZES = [
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # TensorFlow runs independent ops concurrently: under load, peaks shifted
 def test_estimate_tracks_the_measured_peak_for_every_precision_dropout_and_policy(tmp_path):
     import itertools
     import multiprocessing
@@ -124,4 +125,5 @@ def test_estimate_tracks_the_measured_peak_for_every_precision_dropout_and_polic
     ratios = {cell: r["mem/measured_over_estimate"] for cell, r in zip(cells, results, strict=True)}
     # Issue 15's band. Measured here: 0.88-1.10; the same job's peak varied by up to 8% from
     # one run to the next.
-    assert all(0.85 <= v <= 1.15 for v in ratios.values()), ratios
+    outside = {cell: v for cell, v in ratios.items() if not 0.85 <= v <= 1.15}
+    assert not outside, (outside, ratios)
