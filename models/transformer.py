@@ -42,7 +42,7 @@ class TransformerBlock(keras.layers.Layer):
             num_heads=heads, key_dim=h // heads, dropout=dropout, name="attn"
         )
         self.attn_dropout = keras.layers.Dropout(dropout, name="attn_dropout")
-        self.probs_seed = keras.random.SeedGenerator(name="probs_seed")
+        self.probs_seed = keras.random.SeedGenerator(name="probs_seed") if dropout > 0 else None
         self.mlp_norm = LayerNorm(epsilon=1e-5, name="mlp_norm")
         self.mlp_up = keras.layers.Dense(4 * h, activation=gelu, name="mlp_up")
         self.mlp_down = keras.layers.Dense(h, name="mlp_down")

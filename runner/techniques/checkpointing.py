@@ -69,14 +69,21 @@ class Remat(keras.layers.Layer):
         if not training:
             return self.segment(x, training=False)
         state = list(self.segment.non_trainable_variables)
+        values = [tf.identity(v.value) for v in state]  # read now: assign() follows below
+        # Float state goes in as arguments; integer state (dropout seeds) is captured:
+        # recompute_grad watches its arguments, and warns on every integer one.
+        floats = [i for i, v in enumerate(values) if v.dtype.is_floating]
 
-        def forward(x, *values):
-            with keras.StatelessScope(state_mapping=list(zip(state, values, strict=True))) as s:
+        def forward(x, *float_values):
+            current = list(values)
+            for i, value in zip(floats, float_values, strict=True):
+                current[i] = value
+            with keras.StatelessScope(state_mapping=list(zip(state, current, strict=True))) as s:
                 y = self.segment(x, training=True)
             updated = [s.get_current_value(v) for v in state]
-            return (y, *[v if u is None else u for u, v in zip(updated, values, strict=True)])
+            return (y, *[v if u is None else u for u, v in zip(updated, current, strict=True)])
 
-        y, *new_values = tf.recompute_grad(forward)(x, *[v.value for v in state])
+        y, *new_values = tf.recompute_grad(forward)(x, *[values[i] for i in floats])
         for variable, value in zip(state, new_values, strict=True):
             variable.assign(value)
         return y
