@@ -60,10 +60,10 @@ class TransformerBlock(keras.layers.Layer):
         attn, y = self.attn, self.attn_norm(x)
         query, key, value = attn._query_dense(y), attn._key_dense(y), attn._value_dense(y)
         # One seed per step, drawn outside the core: a recomputation draws the same mask.
-        dropping = bool(training) and self.dropout > 0
-        seed = self.probs_seed.next() if dropping else tf.zeros((2,), "int64")
-        seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
-        rate = self.dropout if dropping else 0.0
+        rate = self.dropout if training else 0.0
+        seed = None
+        if rate > 0:  # stateless dropout takes an int32 seed pair
+            seed = tf.cast(tf.math.floormod(self.probs_seed.next(), tf.int32.max - 1), tf.int32)
 
         def core(query, key, value):  # the seed is captured: recompute_grad watches floats
             return attention_core(query, key, value, seed, rate, self.causal)

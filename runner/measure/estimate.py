@@ -131,7 +131,9 @@ def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int
             # The rebuilt segment peaks in its last softmax's backward, after that layer's
             # dropout backward freed its mask and dropped probabilities (measured: blocks with
             # dropout read 0.75-0.81x the estimate that counted them).
-            body -= attention_core_bytes(s, b, m.heads, p, m.dropout) - m.heads * s * s * b * p
+            body -= attention_core_bytes(s, b, m.heads, p, m.dropout) - attention_core_bytes(
+                s, b, m.heads, p, 0.0
+            )
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
     # Head: the float32 gradient the cross-entropy computes with its loss and keeps (measured:
     # 1.00x the logits; the logits themselves are not kept). XLA's figures were calibrated

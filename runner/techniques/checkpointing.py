@@ -10,8 +10,9 @@ sub-model sharing the original layers, and wraps it in `Remat`, which calls it t
 `selective` recomputes only cheap, memory-bound layers and keeps the outputs of the matmuls
 and convolutions: the transformer's attention core (scores, softmax, dropout, product with V;
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"),
-and a CNN's normalization+activation pairs after its convolutions, in the spirit of in-place
-activated BatchNorm (Rota Bulo et al. 2018): each pair keeps only its input for backward.
+and on a CNN each run of normalization, activation and depthwise convolution between two
+convolutions, in the spirit of in-place activated BatchNorm (Rota Bulo et al. 2018): each run
+keeps only its input and output for backward (see _cheap_chains for why not pairs alone).
 Both go through tf.recompute_grad, whose data dependency on the upstream gradient survives
 XLA on a CPU (an optimization_barrier does not: shared GUIDE).
 """
@@ -42,8 +43,8 @@ class RematInfo:
     segment_outputs: list[str] = field(default_factory=list)
     # selective on a CNN: each segment's input (a convolution's output), kept for backward
     segment_inputs: list[str] = field(default_factory=list)
-    # selective: forward FLOPs per example run again in backprop (counted per element for
-    # the pairs, as runner/measure/layers.py counts them)
+    # selective on a CNN: forward FLOPs per example run again in backprop, as
+    # runner/measure/layers.py counts them
     recomputed_flops: float = 0.0
 
     @property
@@ -241,10 +242,9 @@ def selective(model: keras.Model) -> tuple[keras.Model, RematInfo]:
             "depthwise convolutions between normalizations to recompute; use checkpointing=none"
         )
     info = RematInfo("selective", len(chains), 1)
-    firsts, lasts = {}, {}
+    lasts = {}
     for i, chain in enumerate(chains):
         segment = keras.Model(chain[0].input, chain[-1].output, name=f"cheap_{i}")
-        firsts[id(chain[0])] = None
         lasts[id(chain[-1])] = Remat(segment, name=f"remat_cheap_{i}")
         info.segment_ops.append({op.name for op in chain})
         info.segment_outputs.append(chain[-1].name)
