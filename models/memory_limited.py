@@ -138,8 +138,25 @@ def probs_dropout(probs, rate: float, seed):
 
 
 def attention_context(probs, value):
-    """Probabilities [B, N, T, S] applied to values [B, S, N, H]: [B, T, N, H]."""
-    return tf.einsum("BNTS,BSNH->BTNH", probs, value)
+    """Probabilities [B, N, T, S] applied to values [B, S, N, H]: [B, T, N, H].
+
+    Backward computes the values' gradient first, so the (dropped) probabilities it reads are
+    freed before their own gradient, the size of the scores, is allocated. Left to the
+    executor, the order of the two varied from run to run, and so did the peak (by up to 20%
+    on a 2-layer transformer at s=256).
+    """
+
+    @tf.custom_gradient
+    def forward(probs, value):
+        def backward(dcontext):
+            dvalue = tf.einsum("BNTS,BTNH->BSNH", probs, dcontext)
+            with tf.control_dependencies([dvalue]):
+                dprobs = tf.einsum("BTNH,BSNH->BNTS", dcontext, value)
+            return dprobs, dvalue
+
+        return tf.einsum("BNTS,BSNH->BTNH", probs, value), backward
+
+    return forward(probs, value)
 
 
 def attention_core(query, key, value, seed, rate: float, causal: bool):

@@ -248,11 +248,25 @@ def test_workspace_is_one_layer_under_xla_and_the_largest_float32_temporary_with
     assert estimate.estimate_memory(model, opt, cfg, spec)["workspace"] == 16 * 512
     bf16 = built("transformer", "model.layers=3", "precision=bf16")
     assert estimate.estimate_memory(*bf16)["workspace"] == 16 * 512 * 3.5  # float32 copies
-    # 16 heads: as^2b = 16*8*8*4 = 4096 elements, sbh = 512: the scores' temporaries win, and
-    # a recomputing policy holds one more.
-    for policy, copies in (("none", 5), ("blocks", 6), ("selective", 6)):
-        heads = built("transformer", "model.heads=16", "model.layers=2", f"checkpointing={policy}")
-        assert estimate.estimate_memory(*heads)["workspace"] == copies * 4096
+    # 16 heads: as^2b = 16*8*8*4 = 4096 elements against sbh = 512. The scores' temporaries
+    # (per element by precision and dropout, fitted) win in float32, GELU's float32 copies
+    # (16sbh x 3.5 = 28672 bytes) at 16 bits without dropout; the same for every policy.
+    for policy_name, dropout, expected in (
+        ("fp32", 0, int(3.2 * 4096)),
+        ("fp32", 0.1, int(3.6 * 4096)),
+        ("bf16", 0, 28672),
+        ("mixed", 0.1, 28672),
+    ):
+        for policy in ("none", "blocks", "selective"):
+            heads = built(
+                "transformer",
+                "model.heads=16",
+                "model.layers=2",
+                f"precision={policy_name}",
+                f"model.dropout={dropout}",
+                f"checkpointing={policy}",
+            )
+            assert estimate.estimate_memory(*heads)["workspace"] == expected
 
 
 def test_cpu_xla_counts_activations_as_xla_keeps_them_on_a_cpu():

@@ -85,11 +85,11 @@ GROUPS = [
 ]
 
 
-def _jobs(steps: int) -> dict[str, list[str]]:
+def _jobs(groups: list[Group], steps: int) -> dict[str, list[str]]:
     common = [f"trainer.max_steps={steps}", "data.train_samples=256"]
     return {
         f"{group.name} | {choice}": [*group.overrides, choice, *common]
-        for group in GROUPS
+        for group in groups
         for choice in (group.baseline, *group.variants)
     }
 
@@ -103,9 +103,9 @@ def _verdict(target, peak_ratio: float, time_ratio: float) -> str:
     return f"target {wanted}: {'ok' if ok else 'MISSED'}"
 
 
-def _rows(results: dict[str, dict]) -> list[dict]:
+def _rows(groups: list[Group], results: dict[str, dict]) -> list[dict]:
     rows = []
-    for group in GROUPS:
+    for group in groups:
         base = results[f"{group.name} | {group.baseline}"]
         for choice in (group.baseline, *group.variants):
             r = results[f"{group.name} | {choice}"]
@@ -143,7 +143,24 @@ COLUMNS = [
 ]
 
 
+def _only(extra: list[str]) -> tuple[list[Group], list[str]]:
+    """(the groups `--only NAME` picks, by a part of their name, or all; the other args)."""
+    picked, rest, args = [], [], iter(extra)
+    for arg in args:
+        if arg == "--only":
+            part = next(args, None)
+            if part is None or not any(part in g.name for g in GROUPS):
+                names = ", ".join(g.name for g in GROUPS)
+                raise SystemExit(f"error: --only {part}: no such group; expected part of: {names}")
+            picked += [g for g in GROUPS if part in g.name and g not in picked]
+        else:
+            rest.append(arg)
+    return picked or GROUPS, rest
+
+
 def main(extra: list[str], steps: int = 5) -> dict[str, dict]:
-    results = run_jobs(_jobs(steps), extra)
-    print(table(_rows(results), COLUMNS))
+    """`python -m runner.bench checkpointing [--only NAME ...] [overrides...]`."""
+    groups, extra = _only(extra)
+    results = run_jobs(_jobs(groups, steps), extra)
+    print(table(_rows(groups, results), COLUMNS))
     return results

@@ -89,23 +89,29 @@ def attention_core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
     return ass * p + ((ass + ass * p) if dropout > 0 else 0)
 
 
-def _transformer_workspace(s, b, h, a, p, policy, cpu_xla, layer) -> int:
+def _transformer_workspace(s, b, h, a, p, dropout, cpu_xla, layer) -> int:
     """Bytes alive beside the kept activations at the peak: temporaries, gradients.
 
-    Under XLA (fused): one layer's worth of activation gradients. Without XLA, the largest
-    float32 temporaries: the softmax's (models/memory_limited.py computes it in float32 at
-    any precision) and GELU's over the 4h-wide MLP activation, which 16-bit policies compute
-    on float32 copies. Their multiples were fitted to the peaks of 36 runs (2 sizes, one
-    attention-bound and one MLP-bound, x 3 precisions x dropout 0/0.1 x none/blocks/selective,
-    BFC allocator, this CPU): a recomputing policy holds one more float32 scores-sized
-    temporary, since its softmax runs again while the other layers' activations are held.
+    Under XLA (fused): one layer's worth of activation gradients. Without XLA, the larger of
+    two transients, both **fitted** to measured BFC peaks (this CPU, 4 runs of 18 jobs at
+    s=256, b=8, h=32, 4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective;
+    checked at an MLP-bound size, h=128 at 128 tokens, and at s=512, b=2):
+    - attention: the softmax's float32 temporaries and the gradients of the probabilities,
+      per scores element: 3.2 bytes in float32 (3.6 with dropout), 5 at 16 bits (3.4 with
+      dropout), whatever the checkpointing policy;
+    - MLP: GELU over the 4h-wide activation, on float32 copies under 16-bit policies.
+    The attention core's backward runs in a fixed order (models/memory_limited.py): left to
+    the executor, the same job's peak moved by up to 25% from one run to the next.
     """
     if cpu_xla:
         return layer
     sbh, ass = s * b * h, a * s * s * b
-    attention = (6 if policy != "none" else 5) * ass
+    if p == 4:
+        per_score = 3.6 if dropout > 0 else 3.2
+    else:
+        per_score = 3.4 if dropout > 0 else 5.0
     mlp = 16 * sbh * (3.5 if p == 2 else 1)
-    return int(max(attention, mlp))
+    return int(max(per_score * ass, mlp))
 
 
 def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int]:
@@ -127,19 +133,12 @@ def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int
         # rebuilt at a time in backprop.
         k = segment_length(policy, m.layers, cfg.checkpointing.every)
         body = math.ceil(m.layers / k) * s * b * m.h * p + min(k, m.layers) * layer
-        if m.dropout > 0 and not cpu_xla:
-            # The rebuilt segment peaks in its last softmax's backward, after that layer's
-            # dropout backward freed its mask and dropped probabilities (measured: blocks with
-            # dropout read 0.75-0.81x the estimate that counted them).
-            body -= attention_core_bytes(s, b, m.heads, p, m.dropout) - attention_core_bytes(
-                s, b, m.heads, p, 0.0
-            )
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
     # Head: the float32 gradient the cross-entropy computes with its loss and keeps (measured:
     # 1.00x the logits; the logits themselves are not kept). XLA's figures were calibrated
     # with a second copy, the logits (issue 13), and keep it.
     head = (2 if cpu_xla else 1) * b * (s if spec.per_token else 1) * spec.num_classes * 4
-    workspace = _transformer_workspace(s, b, m.h, m.heads, p, policy, cpu_xla, layer)
+    workspace = _transformer_workspace(s, b, m.h, m.heads, p, m.dropout, cpu_xla, layer)
     return body + edges + head, workspace
 
 
