@@ -60,10 +60,14 @@ def main(cfg: DictConfig) -> None:
 
     print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
     import_tensorflow_quietly()
+    from runner.track.server import TrackingError
     from runner.train import run
 
     if HydraConfig.get().mode != RunMode.MULTIRUN:
-        run(cfg)
+        try:
+            run(cfg)
+        except TrackingError as err:  # the store cannot be used: one line, no run to lose
+            raise SystemExit(f"error: {err}") from None
         return
     try:
         run(cfg)

@@ -13,9 +13,11 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, OverrideParseException
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from runner.config import CONF_DIR, ConfigError, group_options, register_configs, validate
+from runner.track.server import TrackingError, check_store
 
 
 def _explain(override: str, others: list[str], err: Exception) -> str:
@@ -42,7 +44,7 @@ def _sibling_keys(key: str, others: list[str]) -> list[str]:
     return sorted(node.keys()) if hasattr(node, "keys") else []
 
 
-def _compose_checked(overrides: list[str]) -> None:
+def _compose_checked(overrides: list[str]) -> DictConfig:
     try:
         cfg = compose(config_name="config", overrides=overrides)
     except (ConfigCompositionException, OmegaConfBaseException) as err:
@@ -53,6 +55,7 @@ def _compose_checked(overrides: list[str]) -> None:
         validate(cfg)
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
+    return cfg
 
 
 def _find_culprit(overrides: list[str]) -> int:
@@ -102,8 +105,12 @@ def check_command_line(argv: list[str]) -> None:
         raise SystemExit("error: a key has several values; add -m to sweep over them")
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for overrides in jobs:
-            _compose_checked(overrides)
+        uris = {_compose_checked(overrides).mlflow.tracking_uri for overrides in jobs}
+    for uri in sorted(uris):  # a server that is down: one line now, not minutes of retries
+        try:
+            check_store(uri)
+        except TrackingError as err:
+            raise SystemExit(f"error: {err}") from None
 
 
 if __name__ == "__main__":

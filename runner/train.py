@@ -133,7 +133,7 @@ def _profile(cfg, built, model, optimizer, data, name, pruner, tracker, run_dir,
         )
         sources.update(tags)
         for path in paths:
-            tracker.client.log_artifact(tracker.run_id, str(path))
+            tracker.log_artifact(path)
         return figures, table
     return {}, []
 
@@ -186,7 +186,7 @@ def run(cfg: DictConfig) -> dict:
     started = time.perf_counter()
     # The run is opened before anything that can fail (device setup included), so every
     # failure after the command-line check leaves a FAILED run with its error (issue 13).
-    with mlflow_run(cfg, run_name) as tracker:
+    with mlflow_run(cfg, run_name, _run_dir) as tracker:
         dev, name, jit = _log_setup(tracker, cfg, overrides)
         notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
         for note in notes:
@@ -197,6 +197,15 @@ def run(cfg: DictConfig) -> dict:
         summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table)
         tracker.set_tags({"mlflow.note.content": summary})
     print(summary)
+    if tracker.lost is not None:
+        run_dir = _run_dir(tracker.run_id)
+        print(
+            f"tfmemlab: the MLflow server stopped answering during this run ({tracker.lost}). "
+            f"Its figures are in {run_dir / 'metrics.json'}, and what MLflow did not get in "
+            f"{tracker.pending_path}; once the server is back, send them with:\n"
+            f"  python -m runner.track.upload {run_dir}",
+            flush=True,
+        )
     return {
         "run_id": tracker.run_id,
         "run_name": run_name,

@@ -1,7 +1,13 @@
 """Shared fixtures: the real conf/ composed with Hydra's compose API, shrunk to tiny sizes."""
 
+import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -60,3 +66,62 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
         text=True,
         timeout=timeout,
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
+    """A real `mlflow server` on 127.0.0.1:port over a SQLite store in `folder`, answering."""
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{folder}/server.db",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: `mlflow server` starts uvicorn under it
+        # Without MLflow's job runner (GenAI jobs): 8 more processes of ~235 MB each.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
+    for _ in range(120):  # bounded wait for the server to answer
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                return server
+        except OSError:
+            time.sleep(0.5)
+    stop_mlflow_server(server, signal.SIGKILL)
+    pytest.fail("mlflow server did not start")
+
+
+def stop_mlflow_server(server: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Signal the server's whole process group (the CLI and the uvicorn workers under it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, sig)
+    server.wait(timeout=30)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """The URI of a real `mlflow server` on 127.0.0.1 with a temp SQLite store."""
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_mlflow_server(server)

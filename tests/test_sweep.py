@@ -1,12 +1,6 @@
 """Sweeps as one comparable experiment: parent and child runs, failures, the report, and
 memory figures that do not depend on the jobs before them."""
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -31,52 +25,6 @@ def _sweep(store: str):
     (parent,) = [r for r in runs if r.data.tags.get("sweep") == "parent"]
     children = compare.sweep_runs(client, parent.info.run_id)
     return client, parent, children
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A real `mlflow server` on 127.0.0.1 with a temp SQLite store."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/server.db",
-            "--artifacts-destination",
-            str(tmp_path / "artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):  # bounded wait for the server to answer
-            try:
-                if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not start")
-        yield uri
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.mark.slow

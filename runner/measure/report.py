@@ -124,7 +124,7 @@ def publish(
     tracker.log_metrics(figures, len(history.losses))
     tracker.set_tags(tags)
     (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
-    tracker.client.log_artifact(tracker.run_id, str(run_dir / "metrics.json"))
+    tracker.log_artifact(run_dir / "metrics.json")
     fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in ("params", "gradients", "optimizer"))
     reference = {
         "estimate (all parts)": figures["mem/estimate_bytes"],
@@ -133,7 +133,7 @@ def publish(
     png = timeline_png(
         history.step_peaks, history.current_bytes, reference, run_dir / "memory_timeline.png", title
     )
-    tracker.client.log_artifact(tracker.run_id, str(png))
+    tracker.log_artifact(png)
 
 
 # Params that do not change what is trained: a dense baseline may differ in these.
@@ -142,7 +142,10 @@ _NOT_COMPARED = ("pruning.", "mlflow.", "trainer.progress")
 
 def _dense_baseline(tracker: Tracker, val_accuracy: float) -> dict[str, float]:
     """The latest finished dense run of this experiment with the same params except pruning.*
-    (same model, data, seed and steps): its val/accuracy beside this run's, if there is one."""
+    (same model, data, seed and steps): its val/accuracy beside this run's, if there is one.
+    None is looked for while the tracking server is lost (Tracker.lost)."""
+    if tracker.lost is not None:
+        return {}
     client = tracker.client
     run = client.get_run(tracker.run_id)
 
@@ -190,7 +193,7 @@ def pruning_figures(
         writer.writerows(rows)
     pruner.model.save(model_file)
     for path in (table, model_file):
-        tracker.client.log_artifact(tracker.run_id, str(path))
+        tracker.log_artifact(path)
     for step, sparsity in pruner.updates:
         tracker.log_metrics({"prune/scheduled_sparsity": sparsity}, step)
     zeros, size = sum(r["zeros"] for r in rows), sum(r["size"] for r in rows)

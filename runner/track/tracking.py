@@ -4,24 +4,35 @@ The embedded default is a SQLite file (`sqlite:///outputs/mlflow.db`, no server)
 URI (`MLFLOW_TRACKING_URI` or `mlflow.tracking_uri`) works the same. MLflow leaves a run
 RUNNING when the process dies and only marks FINISHED at interpreter exit (mlflow#10510),
 so the runner sets the status itself: FINISHED, or FAILED with the error as a tag.
+
+Nothing is lost to the store (issue 16):
+- a SQLite store is created under a lock beside it: MLflow's migrations, run by several
+  processes at once on a fresh file, failed all of them and left the store broken;
+- a tracking server that does not answer at start is a one-line error within seconds
+  (MLflow's own client retried silently for minutes);
+- a server that stops answering mid-run no longer stops the run: what the run would have
+  sent is kept in its run directory (PENDING) and `python -m runner.track.upload <run dir>`
+  sends it later.
 """
 
 import contextlib
+import json
 import os
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from runner.track.server import REPAIR, TrackingError, check_reachable, remote, sqlite_path
+
 _BATCH = 500  # metrics per log_batch call; well under MLflow's 1000 limit
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -34,13 +45,55 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class Tracker:
-    """Buffers step metrics and writes them in batches: one SQLite write per step is slow."""
+PENDING = "mlflow_pending.jsonl"  # in the run directory: what a lost server did not get
 
-    def __init__(self, client: MlflowClient, run_id: str, experiment_id: str = "", name: str = ""):
+
+class Tracker:
+    """Buffers step metrics and writes them in batches: one SQLite write per step is slow.
+
+    With a remote store and a `pending` path, a call the server does not answer switches the
+    tracker to that file: this and every later call are appended to it as JSON lines, to be
+    sent by `python -m runner.track.upload`, and training goes on.
+    """
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        run_id: str,
+        experiment_id: str = "",
+        name: str = "",
+        pending: Path | None = None,
+    ):
         self.client, self.run_id = client, run_id
         self.experiment_id, self.run_name = experiment_id, name
         self._pending: list[Metric] = []
+        self.pending_path = pending if pending is not None and remote(client.tracking_uri) else None
+        self.lost: str | None = None  # why the server was given up on, once it was
+
+    def _send(self, record: dict, call: Callable[[], Any]) -> None:
+        """call() against the store, or `record` appended to the pending file once the
+        server has stopped answering."""
+        if self.lost is None:
+            try:
+                call()
+                return
+            except Exception as err:
+                if self.pending_path is None:
+                    raise
+                self.lost = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                print(
+                    f"tfmemlab: warning: the MLflow server at {self.client.tracking_uri} "
+                    f"stopped answering ({self.lost}); training goes on, and what this run "
+                    f"logs from now is kept in {self.pending_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        self.pending_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.pending_path, "a") as out:
+            out.write(
+                json.dumps({"uri": self.client.tracking_uri, "run_id": self.run_id, **record})
+                + "\n"
+            )
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
@@ -51,31 +104,72 @@ class Tracker:
     def flush(self) -> None:
         while self._pending:
             chunk, self._pending = self._pending[:_BATCH], self._pending[_BATCH:]
-            self.client.log_batch(self.run_id, metrics=chunk)
+            record = {"metrics": [[m.key, m.value, m.timestamp, m.step] for m in chunk]}
+            self._send(
+                record, lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk)
+            )
 
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, str(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params a batch
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+            batch = items[i : i + 100]
+            self._send(
+                {"params": {p.key: p.value for p in batch}},
+                lambda batch=batch: self.client.log_batch(self.run_id, params=batch),
+            )
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        tags = {k: str(v) for k, v in tags.items()}
+        self._send(
+            {"tags": tags},
+            lambda: self.client.log_batch(
+                self.run_id, tags=[RunTag(k, v) for k, v in tags.items()]
+            ),
+        )
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file the run wrote; while the server is lost, its path is kept instead
+        (run-directory files stay where they are)."""
+        path = Path(path).resolve()
+        self._send(
+            {"artifact": str(path), "artifact_path": artifact_path},
+            lambda: self.client.log_artifact(self.run_id, str(path), artifact_path),
+        )
 
     def log_text(self, text: str, name: str) -> None:
+        if self.lost is not None:  # a temporary file would be gone before the upload
+            self._send({"text": text, "name": name}, lambda: None)
+            return
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
             path.write_text(text)
-            self.client.log_artifact(self.run_id, str(path))
+            self._send(
+                {"text": text, "name": name},
+                lambda: self.client.log_artifact(self.run_id, str(path)),
+            )
+
+    def terminate(self, status: str) -> None:
+        now = int(time.time() * 1000)
+        self._send(
+            {"status": status, "end_time": now},
+            lambda: self.client.set_terminated(self.run_id, status=status, end_time=now),
+        )
 
 
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     # Keep a local store's artifacts beside its database, not in ./mlruns of whatever cwd.
     location = (db.parent.resolve() / "mlartifacts").as_uri() if db else None
-    return client.create_experiment(name, artifact_location=location)
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        # A run started at the same moment created it first.
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str | None, str]:
@@ -91,11 +185,47 @@ def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str |
     return f"mlflow ui --backend-store-uri {uri}", f"http://127.0.0.1:5000/{page}"
 
 
+@contextlib.contextmanager
+def _store_lock(db: Path):
+    """Hold an exclusive lock on <db>.lock: MLflow creates and migrates a fresh SQLite store
+    on first use, and three processes doing so at once all failed (`table _alembic_tmp_tags
+    already exists`) and left the store broken for every later run (issue 16)."""
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _broken_store(db: Path, err: Exception) -> TrackingError:
+    return TrackingError(
+        f"mlflow.tracking_uri=sqlite:///{db}: the store cannot be opened "
+        f"({type(err).__name__}: {str(err).splitlines()[0][:160]}); `{REPAIR} {db}` backs it "
+        "up and finishes its schema (no run is deleted)"
+    )
+
+
 def client_for(uri: str) -> MlflowClient:
-    db = _sqlite_path(uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    """A client of the store at `uri`; a SQLite store is created (or opened) under a lock, so
+    runs started together on a fresh store all get it."""
+    if remote(uri):
+        # MLflow retries a failed request 7 times with backoff and waits 120 s for each: a
+        # server lost mid-run would stall training for minutes at every call. These bounds
+        # leave a slow server time to answer; the user's own settings win.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    with _store_lock(db):
+        try:
+            return MlflowClient(tracking_uri=uri)  # creates and migrates the store if need be
+        except Exception as err:
+            raise _broken_store(db, err) from err
 
 
 PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by runner.track.sweep for the jobs of a sweep
@@ -127,13 +257,18 @@ def _sweep_tags() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def mlflow_run(cfg: DictConfig, run_name: str):
-    """Open a run, yield a Tracker, and close the run FINISHED or FAILED (then re-raise)."""
+def mlflow_run(cfg: DictConfig, run_name: str, run_dir: Callable[[str], Path] | None = None):
+    """Open a run, yield a Tracker, and close the run FINISHED or FAILED (then re-raise).
+
+    run_dir(run_id): the run's directory, where a remote run keeps what a lost server did
+    not get (Tracker)."""
     uri = cfg.mlflow.tracking_uri
+    check_reachable(uri)
     client = client_for(uri)
     experiment = experiment_id(client, cfg.mlflow.experiment, uri)
     run = client.create_run(experiment, run_name=run_name, tags=_sweep_tags())
-    tracker = Tracker(client, run.info.run_id, experiment, run_name)
+    pending = run_dir(run.info.run_id) / PENDING if run_dir is not None else None
+    tracker = Tracker(client, run.info.run_id, experiment, run_name, pending)
     monitor = _system_metrics(cfg, run.info.run_id)
     try:
         yield tracker
@@ -143,14 +278,13 @@ def mlflow_run(cfg: DictConfig, run_name: str):
             tracker.set_tags(
                 {"error": f"{type(err).__name__}: {err}"[:5000], "failure": failure_kind(err)}
             )
-        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-        client.set_terminated(run.info.run_id, status=status)
+        tracker.terminate("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     finally:
         if monitor is not None:
             monitor.finish()
     tracker.flush()
-    client.set_terminated(run.info.run_id, status="FINISHED")
+    tracker.terminate("FINISHED")
 
 
 def _system_metrics(cfg: DictConfig, run_id: str):
