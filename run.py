@@ -60,6 +60,7 @@ def main(cfg: DictConfig) -> None:
 
     print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
     import_tensorflow_quietly()
+    from runner.resume import Interrupted
     from runner.track.server import TrackingError
     from runner.train import run
 
@@ -68,6 +69,13 @@ def main(cfg: DictConfig) -> None:
             run(cfg)
         except TrackingError as err:  # the store cannot be used: one line, no run to lose
             raise SystemExit(f"error: {err}") from None
+        except Exception as err:  # out of memory: the run is FAILED (failure=oom); one line
+            if type(err).__name__ != "ResourceExhaustedError":
+                raise
+            raise SystemExit(f"error: {err.message}") from None
+        except Interrupted as err:  # checkpointed, the run marked KILLED: say how to go on
+            print(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
+            raise SystemExit(err.exit_code) from None
         return
     try:
         run(cfg)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from runner.config import CONF_DIR, ConfigError, group_options, register_configs, validate
+from runner.resume import ResumeError, locate
 from runner.track.server import TrackingError, check_store
 
 
@@ -104,8 +105,16 @@ def check_command_line(argv: list[str]) -> None:
     if len(jobs) > 1 and not args.multirun:
         raise SystemExit("error: a key has several values; add -m to sweep over them")
     register_configs()
+    uris = set()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        uris = {_compose_checked(overrides).mlflow.tracking_uri for overrides in jobs}
+        for overrides in jobs:
+            cfg = _compose_checked(overrides)
+            uris.add(cfg.mlflow.tracking_uri)
+            if cfg.trainer.resume:
+                try:
+                    uris.add(locate(cfg.trainer.resume, overrides).tracking_uri)
+                except ResumeError as err:
+                    raise SystemExit(f"error: {err}") from None
     for uri in sorted(uris):  # a server that is down: one line now, not minutes of retries
         try:
             check_store(uri)

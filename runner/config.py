@@ -140,6 +140,9 @@ class TrainerConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | gpu | /GPU:n | /CPU:n
     progress: bool = True
+    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: only on SIGTERM/SIGINT
+    resume: str | None = None  # a run directory, or latest (the newest of the same job)
+    deterministic: bool = False  # TensorFlow's op determinism: a resumed run ends bitwise equal
 
 
 @dataclass
@@ -347,6 +350,7 @@ def _validate_trainer(cfg: DictConfig) -> None:
         device,
         "auto, cpu, gpu or a device name like /GPU:1",
     )
+    _check_min(cfg, "trainer.checkpoint_every", 0)
 
 
 def check_pruning_steps(pruning, total_steps: int) -> None:

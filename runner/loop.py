@@ -13,9 +13,11 @@ import time
 from dataclasses import dataclass, field
 
 import keras
+import tensorflow as tf
 
 from runner.data import Data
 from runner.measure.telemetry import Memory
+from runner.resume import Interrupted, StopOnSignal, TrainState
 from runner.track.tracking import Tracker
 
 
@@ -28,6 +30,11 @@ class History:
     current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
     step_peaks: list[int] = field(default_factory=list)  # allocator peak during each step
     skipped_steps: int = 0  # updates skipped for non-finite gradients (float16 loss scaling)
+    first_step: int = 1  # the optimizer step of losses[0]: after a resume, the one after it
+
+    @property
+    def last_step(self) -> int:
+        return self.first_step + len(self.losses) - 1
 
     @property
     def first_step_peak(self) -> int:
@@ -56,21 +63,25 @@ def evaluate(eval_step, data: Data, max_batches: int | None) -> dict[str, float]
 def train(
     train_step,
     eval_fn,
-    data: Data,
+    iterator,
     total_steps: int,
     tracker: Tracker,
     eval_every: int,
     progress: bool,
     mem: Memory,
     step_metrics=None,
+    state: TrainState | None = None,
+    first_step: int = 1,
 ) -> History:
-    """Run total_steps optimizer steps; evaluate every eval_every steps (0: only at the end).
+    """Run optimizer steps first_step..total_steps on batches from `iterator`; evaluate every
+    eval_every steps (0: only at the end).
 
     step_metrics: optional callable returning extra per-step metrics (the loss scale).
+    state: checkpointed every state.every steps, and when SIGTERM/SIGINT arrives: the step
+    under way finishes, its checkpoint is written, and Interrupted is raised.
     """
-    history = History()
+    history = History(first_step=first_step)
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
-    iterator = iter(data.train)
     wait = [0.0]
 
     def batches():
@@ -82,31 +93,47 @@ def train(
             yield batch
 
     micro_batches = batches()
-    for step in range(1, total_steps + 1):
-        mem.reset()  # this step's peak is its own (a reset is cheap: no synchronisation)
-        wait[0] = 0.0
-        start = time.perf_counter()
-        loss, finite = train_step(micro_batches)
-        loss = float(loss)  # reading the loss back waits for the step to finish
-        history.wait_s.append(wait[0])
-        history.compute_s.append(time.perf_counter() - start - wait[0])
-        history.losses.append(loss)
-        history.skipped_steps += not bool(finite)
-        history.step_peaks.append(mem.peak())
-        history.current_bytes.append(mem.current())
-        metrics = {
-            "train/loss": loss,
-            "mem/current_bytes": history.current_bytes[-1],
-            "mem/step_peak_bytes": history.step_peaks[-1],
-        }
-        tracker.log_metrics({**metrics, **(step_metrics() if step_metrics else {})}, step)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"train/loss is {loss} at optimizer step {step}")
-        if (eval_every and step % eval_every == 0) or step == total_steps:
-            metrics = eval_fn()
-            history.evals.append((step, metrics))
-            tracker.log_metrics(metrics, step)
-        if bar is not None:
-            bar.update(step, [("loss", loss)])
+    with StopOnSignal() as stop:
+        for step in range(first_step, total_steps + 1):
+            mem.reset()  # this step's peak is its own (a reset is cheap: no synchronisation)
+            wait[0] = 0.0
+            start = time.perf_counter()
+            try:
+                loss, finite = train_step(micro_batches)
+                loss = float(loss)  # reading the loss back waits for the step to finish
+            except tf.errors.ResourceExhaustedError as err:
+                # Nothing is checkpointed from here: optimizer.iterations has advanced
+                # without an update (shared GUIDE).
+                err.tfmemlab_step = step
+                raise
+            history.wait_s.append(wait[0])
+            history.compute_s.append(time.perf_counter() - start - wait[0])
+            history.losses.append(loss)
+            history.skipped_steps += not bool(finite)
+            history.step_peaks.append(mem.peak())
+            history.current_bytes.append(mem.current())
+            metrics = {
+                "train/loss": loss,
+                "mem/current_bytes": history.current_bytes[-1],
+                "mem/step_peak_bytes": history.step_peaks[-1],
+            }
+            tracker.log_metrics({**metrics, **(step_metrics() if step_metrics else {})}, step)
+            if not math.isfinite(loss):
+                # The last checkpoint stays the last one: this step's state is not saved.
+                raise FloatingPointError(f"train/loss is {loss} at optimizer step {step}")
+            if (eval_every and step % eval_every == 0) or step == total_steps:
+                metrics = eval_fn()
+                history.evals.append((step, metrics))
+                tracker.log_metrics(metrics, step)
+            if bar is not None:
+                bar.update(step, [("loss", loss)])
+            last = step == total_steps and state is not None and state.every > 0
+            if state is not None and (state.due(step) or stop.signum or last):
+                state.save(step)
+                tracker.flush()  # the run shows what the checkpoint holds
+            if stop.signum:
+                if state is None:
+                    raise KeyboardInterrupt
+                raise Interrupted(stop.signum, step, state.run_dir)
     mem.reset()  # keeps the RSS high-water read so far (Memory.peak_rss) past this reset
     return history

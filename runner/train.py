@@ -5,6 +5,7 @@ train loop -> evaluate -> report.
 """
 
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,11 +15,11 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import device
+from runner import device, resume
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
-from runner.measure import profile, report
+from runner.measure import estimate, profile, report
 from runner.measure.telemetry import Memory
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
 from runner.techniques import checkpointing, precision, pruning
@@ -65,7 +66,13 @@ def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table
     losses, final = history.losses, history.evals[-1][1]
     lines = [
         f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
-        f"on {dev}: {len(losses)} steps in {seconds:.1f} s",
+        f"on {dev}: {len(losses)} steps in {seconds:.1f} s"
+        + (
+            f" (resumed: steps {history.first_step}-{history.last_step}; the figures cover "
+            "these only)"
+            if history.first_step > 1
+            else ""
+        ),
         f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {final['val/loss']:.4f}"
         f"   val/accuracy {final['val/accuracy']:.4f}",
     ]
@@ -91,10 +98,12 @@ def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table
     return "\n".join(lines)
 
 
-def _log_setup(tracker, cfg: DictConfig, overrides: list[str]) -> tuple[str, str, bool]:
+def _log_setup(tracker, cfg: DictConfig, overrides: list[str] | None) -> tuple[str, str, bool]:
     """Config and versions first, then the device: a failure there is recorded in the run.
-    Returns the device, its human name and whether XLA compiles the steps."""
-    log_config(tracker, cfg, overrides)
+    Returns the device, its human name and whether XLA compiles the steps. A resumed run
+    (overrides None) has its config logged already."""
+    if overrides is not None:
+        log_config(tracker, cfg, overrides)
     tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
     gpus = device.setup()
     dev = device.resolve(cfg.trainer.device, gpus)
@@ -104,22 +113,25 @@ def _log_setup(tracker, cfg: DictConfig, overrides: list[str]) -> tuple[str, str
     return dev, name, jit
 
 
-def _train(cfg: DictConfig, model, optimizer, data, total_steps, tracker, mem, jit, pruner):
-    """The compiled steps around the readable loop; evaluation and the loss scale as hooks,
-    pruning's masks chosen and applied inside the step, right after each update."""
+def _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner, state, first):
+    """The compiled steps around the readable loop from optimizer step `first`; evaluation and
+    the loss scale as hooks, pruning's masks chosen and applied inside the step, right after
+    each update; `state` checkpointed as the loop says (runner/resume.py)."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     eval_step = make_eval_step(model, loss_fn, jit)
     after_update = pruner.after_update if pruner else None
     return train(
         make_train_step(model, optimizer, loss_fn, cfg.accum, jit, after_update),
         lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
-        data,
+        state.iterator,
         total_steps,
         tracker,
         cfg.trainer.eval_every,
         cfg.trainer.progress,
         mem,
         precision.step_metrics(optimizer),
+        state,
+        first,
     )
 
 
@@ -138,8 +150,27 @@ def _profile(cfg, built, model, optimizer, data, name, pruner, tracker, run_dir,
     return {}, []
 
 
-def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool):
-    """Data, model, techniques, optimizer, the loop and the report, on `dev`."""
+def _out_of_memory(err, cfg, built, optimizer, spec, jit, name, remat):
+    """The same error, its message saying what ran out and which levers to try."""
+    cpu_xla = jit and "GPU" not in name.upper() and "NVIDIA" not in name
+    total = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat)["total"]
+    limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if "GPU" not in name.upper() else None
+    b, k = cfg.data.batch_size, cfg.accum
+    halved = f"accum={2 * k} data.batch_size={b // 2} (the same effective batch), " if b > 1 else ""
+    message = (
+        f"out of memory at optimizer step {getattr(err, 'tfmemlab_step', '?')} with micro-batch "
+        f"data.batch_size={b} x accum={k}: the estimate for this job is {total / 2**20:.1f} MiB "
+        + (f"against a limit of {limit} MiB " if limit else f"on {name} ")
+        + f"(checkpointing={cfg.checkpointing.policy}, precision={cfg.precision.name}); to "
+        f"fit, try {halved}checkpointing=blocks or selective, precision=mixed or bf16, or a "
+        f"smaller data.batch_size. TensorFlow: {str(err.message).splitlines()[0][:300]}"
+    )
+    return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
+
+
+def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool):
+    """Data, model, techniques, optimizer, the loop and the report, on `dev`; from the run
+    directory's last checkpoint when `resuming`."""
     mem = Memory(dev)
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
     data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
@@ -153,9 +184,19 @@ def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool):
     optimizer.build(model.trainable_variables)
     # Shares built's variables; steps on the optimizer's clock, as the LR schedule does.
     pruner = pruning.build_pruner(built, cfg, total_steps, optimizer)
+    state = resume.TrainState(
+        run_dir, built, optimizer, iter(data.train), pruner, cfg.trainer.checkpoint_every
+    )
+    first = 1
+    if resuming:
+        first = state.restore() + 1
+        print(f"tfmemlab: resumed after optimizer step {first - 1} from {run_dir}", flush=True)
+        tracker.set_tags({"resumed_from_step": first - 1})
+        # The figures below cover the resumed steps only (this process's allocator and clock).
+        tracker.set_tags({"figures_cover_steps": f"{first}-{total_steps}"})
     build_peak = mem.peak()
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    tracker.log_params(
+    tracker.log_params(  # a resumed run logs the same values again, which MLflow accepts
         {
             "effective_batch_size": cfg.data.batch_size * cfg.accum * replicas,
             "replicas": replicas,
@@ -164,10 +205,14 @@ def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool):
             "remat/policy": remat.policy,
         }
     )
-    history = _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner)
+    try:
+        history = _train(
+            cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner, state, first
+        )
+    except tf.errors.ResourceExhaustedError as err:
+        raise _out_of_memory(err, cfg, built, optimizer, data.spec, jit, name, remat) from None
     facts = report.RunFacts(built, optimizer, data.spec, history, build_peak, name, jit, remat, mem)
     figures, sources = report.collect(cfg, facts)
-    run_dir = _run_dir(tracker.run_id)
     figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
     layer_figures, table = _profile(
         cfg, built, model, optimizer, data, name, pruner, tracker, run_dir, sources
@@ -177,28 +222,51 @@ def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool):
     return figures, sources, history, table
 
 
+def _resumed_config(point: resume.ResumePoint, cfg: DictConfig) -> DictConfig:
+    """The config the resumed run was started with (its job is rebuilt exactly), with this
+    command's trainer.resume."""
+    saved = point.config.copy()
+    saved.trainer.resume = cfg.trainer.resume
+    return saved
+
+
 def run(cfg: DictConfig) -> dict:
     validate(cfg)
     overrides = _overrides()
+    point = resume.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
+    if point is not None:
+        cfg = _resumed_config(point, cfg)
     run_name = cfg.mlflow.run_name or " ".join(overrides) or "default"
+    if cfg.trainer.deterministic:  # process-wide: the ops that follow are deterministic
+        tf.config.experimental.enable_op_determinism()
     keras.backend.clear_session()
     keras.utils.set_random_seed(cfg.trainer.seed)
     started = time.perf_counter()
+
+    def run_dir_of(run_id: str) -> Path:
+        return point.run_dir if point is not None else _run_dir(run_id)
+
     # The run is opened before anything that can fail (device setup included), so every
     # failure after the command-line check leaves a FAILED run with its error (issue 13).
-    with mlflow_run(cfg, run_name, _run_dir) as tracker:
-        dev, name, jit = _log_setup(tracker, cfg, overrides)
+    resumed_id = point.run_id if point is not None else None
+    job = resume.job_key(overrides) if point is None else point.job
+    with mlflow_run(cfg, run_name, run_dir_of, resumed_id, job) as tracker:
+        run_dir = run_dir_of(tracker.run_id)
+        if point is None:
+            resume.write_run_file(run_dir, tracker.run_id, cfg, overrides)
+        dev, name, jit = _log_setup(tracker, cfg, overrides if point is None else None)
         notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
         with precision.policy(cfg), tf.device(dev):
-            figures, sources, history, table = _job(cfg, tracker, dev, name, jit)
+            figures, sources, history, table = _job(
+                cfg, tracker, dev, name, jit, run_dir, point is not None
+            )
         seconds = time.perf_counter() - started
         summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table)
         tracker.set_tags({"mlflow.note.content": summary})
     print(summary)
     if tracker.lost is not None:
-        run_dir = _run_dir(tracker.run_id)
         print(
             f"tfmemlab: the MLflow server stopped answering during this run ({tracker.lost}). "
             f"Its figures are in {run_dir / 'metrics.json'}, and what MLflow did not get in "
@@ -208,7 +276,7 @@ def run(cfg: DictConfig) -> dict:
         )
     return {
         "run_id": tracker.run_id,
-        "run_name": run_name,
+        "run_name": tracker.run_name,
         "steps": len(history.losses),
         **history.evals[-1][1],
         **figures,

@@ -62,7 +62,7 @@ def main(extra: list[str], steps: int = 20, rounds: int = 12) -> float:
         mem = Memory("/CPU:0")
 
         def runner_round():
-            train(step, lambda: {}, data, steps, tracker, 0, False, mem)
+            train(step, lambda: {}, iter(data.train), steps, tracker, 0, False, mem)
             tracker.flush()
 
         def fit_round():

@@ -121,7 +121,7 @@ def publish(
 ) -> None:
     """Log the figures to MLflow and write metrics.json and the memory timeline beside them."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    tracker.log_metrics(figures, len(history.losses))
+    tracker.log_metrics(figures, history.last_step)
     tracker.set_tags(tags)
     (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
     tracker.log_artifact(run_dir / "metrics.json")

@@ -18,6 +18,7 @@ Nothing is lost to the store (issue 16):
 import contextlib
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -69,6 +70,7 @@ class Tracker:
         self._pending: list[Metric] = []
         self.pending_path = pending if pending is not None and remote(client.tracking_uri) else None
         self.lost: str | None = None  # why the server was given up on, once it was
+        self.logged: dict[str, int] = {}  # a resumed run's last logged step per metric
 
     def _send(self, record: dict, call: Callable[[], Any]) -> None:
         """call() against the store, or `record` appended to the pending file once the
@@ -96,8 +98,14 @@ class Tracker:
             )
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Queue metrics at `step`; a resumed run skips those it logged before it stopped
+        (the steps after its last checkpoint, run again)."""
         now = int(time.time() * 1000)
-        self._pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self._pending += [
+            Metric(k, float(v), now, step)
+            for k, v in metrics.items()
+            if step > self.logged.get(k, -1)
+        ]
         if len(self._pending) >= _BATCH:
             self.flush()
 
@@ -256,29 +264,101 @@ def _sweep_tags() -> dict[str, str]:
     return tags
 
 
+def _logged_steps(client: MlflowClient, run_id: str) -> dict[str, int]:
+    """The last step each metric of the run was logged at."""
+    keys = client.get_run(run_id).data.metrics
+    return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def close_lost_runs(client: MlflowClient, experiment: str, job: str, resuming: str | None) -> None:
+    """Report, and mark KILLED, the runs of this job on this host left RUNNING by a process
+    that is gone (SIGKILL, a crash of the machine's OOM killer): MLflow never cleans them up
+    (mlflow#10510). The run `resuming` goes on instead."""
+    host = socket.gethostname()
+    for run in client.search_runs([experiment], "attributes.status = 'RUNNING'", max_results=200):
+        tags = run.data.tags
+        if tags.get("job") != job or tags.get("host") != host or "pid" not in tags:
+            continue
+        if run.info.run_id == resuming or _alive(int(tags["pid"])):
+            continue
+        run_dir = Path(tags.get("run_dir", "?"))
+        has_checkpoint = (run_dir / "checkpoints" / "checkpoint").is_file()
+        how = (
+            f"go on from its last checkpoint with: python run.py trainer.resume={run_dir}"
+            if has_checkpoint
+            else "it wrote no checkpoint (trainer.checkpoint_every)"
+        )
+        client.set_tag(run.info.run_id, "lost", f"process {tags['pid']} on {host} gone")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        print(
+            f"tfmemlab: run {run.info.run_id} of this job was left RUNNING by process "
+            f"{tags['pid']}, which is gone (killed): marked KILLED; {how}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 @contextlib.contextmanager
-def mlflow_run(cfg: DictConfig, run_name: str, run_dir: Callable[[str], Path] | None = None):
-    """Open a run, yield a Tracker, and close the run FINISHED or FAILED (then re-raise).
+def mlflow_run(
+    cfg: DictConfig,
+    run_name: str,
+    run_dir: Callable[[str], Path] | None = None,
+    resume_run_id: str | None = None,
+    job: str | None = None,
+):
+    """Open a run (or reopen `resume_run_id`), yield a Tracker, and close the run FINISHED,
+    FAILED, or KILLED when a signal or Ctrl-C stopped it (then re-raise).
 
     run_dir(run_id): the run's directory, where a remote run keeps what a lost server did
-    not get (Tracker)."""
+    not get (Tracker). A reopened run logs no metric at a step it already has."""
     uri = cfg.mlflow.tracking_uri
     check_reachable(uri)
     client = client_for(uri)
-    experiment = experiment_id(client, cfg.mlflow.experiment, uri)
-    run = client.create_run(experiment, run_name=run_name, tags=_sweep_tags())
+    if resume_run_id is None:
+        experiment = experiment_id(client, cfg.mlflow.experiment, uri)
+    else:
+        experiment = client.get_run(resume_run_id).info.experiment_id
+    if job is not None:
+        close_lost_runs(client, experiment, job, resume_run_id)
+    process = {"host": socket.gethostname(), "pid": str(os.getpid())}  # close_lost_runs reads
+    if resume_run_id is None:
+        run = client.create_run(
+            experiment, run_name=run_name, tags={**_sweep_tags(), **process, "job": job or ""}
+        )
+    else:
+        run = client.get_run(resume_run_id)
+        run_name = run.info.run_name
+        client.update_run(resume_run_id, status="RUNNING")
+        client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in process.items()])
     pending = run_dir(run.info.run_id) / PENDING if run_dir is not None else None
     tracker = Tracker(client, run.info.run_id, experiment, run_name, pending)
+    if run_dir is not None:
+        tracker.set_tags({"run_dir": str(run_dir(run.info.run_id).resolve())})
+    if resume_run_id is not None:
+        tracker.logged = _logged_steps(client, resume_run_id)
     monitor = _system_metrics(cfg, run.info.run_id)
     try:
         yield tracker
     except BaseException as err:
         with contextlib.suppress(Exception):  # never let logging hide the real error
             tracker.flush()
-            tracker.set_tags(
-                {"error": f"{type(err).__name__}: {err}"[:5000], "failure": failure_kind(err)}
-            )
-        tracker.terminate("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            if type(err).__name__ != "Interrupted":
+                tracker.set_tags(
+                    {"error": f"{type(err).__name__}: {err}"[:5000], "failure": failure_kind(err)}
+                )
+        # A signal (runner.resume.Interrupted) or Ctrl-C is not the job's failure.
+        stopped = isinstance(err, KeyboardInterrupt) or type(err).__name__ == "Interrupted"
+        tracker.terminate("KILLED" if stopped else "FAILED")
         raise
     finally:
         if monitor is not None:

@@ -1,0 +1,241 @@
+"""Checkpoints, resume and signals (issue 16): real processes, real signals, a real store."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, run_cli, tiny_overrides
+
+STEPS = 60
+
+
+def _job(store: str, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        *tiny_overrides("transformer", store),
+        f"trainer.max_steps={STEPS}",
+        "trainer.checkpoint_every=3",
+        "trainer.deterministic=true",
+        "model.dropout=0.1",  # the dropout seed generators' states must be restored too
+        "data.train_samples=64",  # several epochs of shuffling: the iterator's state matters
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "run.py"), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _final_state(run_dir: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the run's last checkpoint but the bookkeeping, by name."""
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    names = reader.get_variable_to_shape_map()
+    skip = ("_CHECKPOINTABLE", "save_counter", "iterator")  # its prefetch buffer varies
+    return {n: reader.get_tensor(n) for n in names if not n.startswith(skip)}
+
+
+def _run(store: str):
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    return client, run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [["accum=2", "precision=mixed"], ["pruning=polynomial", "pruning.frequency=4"]],
+    ids=["accum2-fp16", "pruning"],
+)
+def test_a_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, extra):
+    whole = _start(_job(f"sqlite:///{tmp_path}/a.db", tmp_path / "whole", *extra), tmp_path)
+    out, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err[-3000:]
+
+    store = f"sqlite:///{tmp_path}/b.db"
+    run_dir = tmp_path / "killed"
+    job = _start(_job(store, run_dir, *extra), tmp_path)
+    index = run_dir / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + 300
+    while not index.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(random.uniform(0.0, 0.3))  # some steps after the checkpoint, some not
+    job.kill()  # SIGKILL: nothing runs after it
+    job.communicate(timeout=60)
+    assert job.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    client, killed = _run(store)
+    assert killed.info.status == "RUNNING"  # what MLflow leaves after a SIGKILL
+    run_id = killed.info.run_id
+
+    # The next start of the same job finds the lost run, says how to go on, and closes it.
+    again = _start(_job(store, tmp_path / "again", *extra), tmp_path)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    assert f"run {run_id} of this job was left RUNNING by process {job.pid}" in err
+    assert f"python run.py trainer.resume={run_dir}" in err
+    assert client.get_run(run_id).info.status == "KILLED"
+
+    resumed = run_cli([f"trainer.resume={run_dir}"], tmp_path, {"MLFLOW_TRACKING_URI": store})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run = client.get_run(run_id)  # the same run, finished
+    assert run.info.status == "FINISHED"
+    start = int(run.data.tags["resumed_from_step"])
+    assert 3 <= start < STEPS and start % 3 == 0
+    assert f"resumed after optimizer step {start}" in resumed.stdout
+    # Each step's loss once, every step: none lost, none logged twice.
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == list(range(1, STEPS + 1))
+
+    expected, got = _final_state(tmp_path / "whole"), _final_state(run_dir)
+    assert expected.keys() == got.keys() and len(got) > 10
+    different = [n for n in expected if not np.array_equal(expected[n], got[n])]
+    assert not different, different  # bitwise
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_checkpoints_and_marks_the_run_killed(tmp_path):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    args = [*tiny_overrides("transformer", store), "trainer.max_steps=100000"]
+    job = _start([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(8)  # TensorFlow imported, the step compiled, steps under way
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 143, err[-3000:]
+    assert f"go on with: python run.py trainer.resume={run_dir}" in out
+    client, run = _run(store)
+    assert run.info.status == "KILLED" and "failure" not in run.data.tags
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert steps and sorted(steps) == list(range(1, max(steps) + 1))
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))  # complete: it loads
+    done = [n for n in reader.get_variable_to_shape_map() if n.startswith("steps_done")]
+    assert int(reader.get_tensor(done[0])) == max(steps)  # the step it finished, saved
+
+
+def test_resume_of_something_that_is_not_a_run_is_a_one_line_error(tmp_path):
+    result = run_cli([f"trainer.resume={tmp_path}"], tmp_path, None, 60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: trainer.resume={tmp_path}: no run.json there; expected a run directory"
+    )
+    finished = tmp_path / "finished"
+    (finished / "checkpoints").mkdir(parents=True)
+    (finished / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+    record = {"run_id": "x", "tracking_uri": "sqlite:///x.db", "job": "default"}
+    config = {"trainer": {"max_steps": 3}}
+    (finished / "run.json").write_text(json.dumps({**record, "config": config}))
+    result = run_cli([f"trainer.resume={finished}"], tmp_path, None, 60)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: trainer.resume={finished}: that run finished all its 3 optimizer steps; "
+        "nothing is left to resume"
+    )
+    result = run_cli(["trainer.resume=latest", "accum=3"], tmp_path, None, 60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "error: trainer.resume=latest: no run directory of the job 'accum=3'" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_nan_loss_fails_the_run_and_keeps_the_last_checkpoint(tmp_path):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            *tiny_overrides("transformer", store),
+            "trainer.max_steps=50",
+            "trainer.checkpoint_every=1",
+            "trainer.optimizer=sgd",
+            "trainer.lr=1e12",  # diverges within a few steps
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
+    assert result.returncode != 0
+    client, run = _run(store)
+    assert run.info.status == "FAILED" and run.data.tags["failure"] == "nan"
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    bad = min(m.step for m in losses if not np.isfinite(m.value))
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    done = [n for n in reader.get_variable_to_shape_map() if n.startswith("steps_done")]
+    assert int(reader.get_tensor(done[0])) == bad - 1  # the last finite step, not the NaN one
+
+
+def test_a_reopened_run_logs_no_metric_at_a_step_it_already_has(tmp_path):
+    from runner.config import compose_config
+    from runner.track.tracking import mlflow_run
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = compose_config(tiny_overrides("transformer", store))
+    with mlflow_run(cfg, "job") as tracker:  # flushed steps 1-10, as before a kill
+        for step in range(1, 11):
+            tracker.log_metrics({"train/loss": float(step)}, step)
+        tracker.log_metrics({"val/loss": 1.0}, 4)
+    # Resumed from a checkpoint at step 6: steps 7-10 run again, and the run goes on.
+    with mlflow_run(cfg, "job", resume_run_id=tracker.run_id) as again:
+        for step in range(7, 13):
+            again.log_metrics({"train/loss": float(step), "val/loss": 2.0}, step)
+    client = MlflowClient(tracking_uri=store)
+    losses = client.get_metric_history(tracker.run_id, "train/loss")
+    assert sorted(m.step for m in losses) == list(range(1, 13))
+    assert sorted(m.step for m in client.get_metric_history(tracker.run_id, "val/loss")) == [
+        4,
+        7,
+        8,
+        9,
+        10,
+        11,
+        12,
+    ]
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_out_of_memory_fails_the_job_with_its_levers_and_a_smaller_micro_batch_then_fits(tmp_path):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    sizes = ["model.h=32", "model.layers=1", "model.heads=2", "data.seq_len=128"]
+    result = run_cli(
+        [
+            "-m",
+            "data.batch_size=256,4",  # 145 MiB asked for at 256; 4.4 MiB at 4
+            *sizes,
+            "data.vocab_size=64",
+            "data.train_samples=512",
+            "data.val_samples=8",
+            "trainer.max_steps=2",
+            "trainer.checkpoint_every=1",
+            "trainer.progress=false",
+            f"mlflow.tracking_uri={store}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        tmp_path,
+        {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "64"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]  # the sweep goes on
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("tfmemlab").experiment_id
+    runs = client.search_runs([experiment])
+    jobs = {r.data.tags["job_num"]: r for r in runs if "job_num" in r.data.tags}
+    oom, fits = jobs["0"], jobs["1"]
+    assert oom.info.status == "FAILED" and oom.data.tags["failure"] == "oom"
+    error = oom.data.tags["error"]
+    assert "out of memory at optimizer step 1 with micro-batch data.batch_size=256" in error
+    assert "against a limit of 64 MiB" in error and "accum=2 data.batch_size=128" in error
+    assert "error: out of memory at optimizer step 1" in result.stderr  # one line, printed
+    assert not (tmp_path / "sweep" / "0" / "checkpoints").exists()  # nothing from that state
+    assert fits.info.status == "FINISHED" and fits.data.metrics["mem/peak_bytes"] > 0
