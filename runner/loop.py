@@ -8,6 +8,7 @@ after it, so the first step (tracing, XLA compilation) is apart from the steady 
 it, and evaluation stays out of the training peak.
 """
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -93,7 +94,9 @@ def train(
             yield batch
 
     micro_batches = batches()
-    with StopOnSignal() as stop:
+    with contextlib.ExitStack() as stack:
+        stop = state.stop if state is not None and state.stop is not None else None
+        stop = stop or stack.enter_context(StopOnSignal())
         for step in range(first_step, total_steps + 1):
             mem.reset()  # this step's peak is its own (a reset is cheap: no synchronisation)
             wait[0] = 0.0

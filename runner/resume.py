@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,8 @@ class StopOnSignal:
         self.signum = self.signum or signum
 
     def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # Python delivers signals to the main thread only
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -165,10 +168,17 @@ class TrainState:
     """The checkpointed state of a job (see the module docstring); `save(step)` after optimizer
     step `step`, `restore()` -> the steps done."""
 
-    def __init__(self, run_dir: Path, model, optimizer, iterator, pruner, every: int):
+    def __init__(self, run_dir: Path, model, optimizer, iterator, pruner, every: int, stop=None):
+        import logging
+
         import tensorflow as tf
 
+        # TensorFlow logs "Sharding callback duration" at INFO through absl on every save,
+        # which Hydra's logging prints between the progress bar's updates.
+        logging.getLogger("absl").setLevel(logging.WARNING)
+
         self.every, self.run_dir, self.iterator = every, run_dir, iterator
+        self.stop: StopOnSignal | None = stop  # installed for the whole job by runner.train
         self.steps_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
         state = {
             # Lists of variables, in the order the job builds them: the model's include the

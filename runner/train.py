@@ -168,7 +168,7 @@ def _out_of_memory(err, cfg, built, optimizer, spec, jit, name, remat):
     return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
 
 
-def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool):
+def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool, stop):
     """Data, model, techniques, optimizer, the loop and the report, on `dev`; from the run
     directory's last checkpoint when `resuming`."""
     mem = Memory(dev)
@@ -185,7 +185,7 @@ def _job(cfg: DictConfig, tracker, dev: str, name: str, jit: bool, run_dir: Path
     # Shares built's variables; steps on the optimizer's clock, as the LR schedule does.
     pruner = pruning.build_pruner(built, cfg, total_steps, optimizer)
     state = resume.TrainState(
-        run_dir, built, optimizer, iter(data.train), pruner, cfg.trainer.checkpoint_every
+        run_dir, built, optimizer, iter(data.train), pruner, cfg.trainer.checkpoint_every, stop
     )
     first = 1
     if resuming:
@@ -250,7 +250,11 @@ def run(cfg: DictConfig) -> dict:
     # failure after the command-line check leaves a FAILED run with its error (issue 13).
     resumed_id = point.run_id if point is not None else None
     job = resume.job_key(overrides) if point is None else point.job
-    with mlflow_run(cfg, run_name, run_dir_of, resumed_id, job) as tracker:
+    # SIGTERM/SIGINT from here on end the job after its next optimizer step, checkpointed.
+    with (
+        resume.StopOnSignal() as stop,
+        mlflow_run(cfg, run_name, run_dir_of, resumed_id, job) as tracker,
+    ):
         run_dir = run_dir_of(tracker.run_id)
         if point is None:
             resume.write_run_file(run_dir, tracker.run_id, cfg, overrides)
@@ -260,7 +264,7 @@ def run(cfg: DictConfig) -> dict:
             print(f"note: {note}", file=sys.stderr)
         with precision.policy(cfg), tf.device(dev):
             figures, sources, history, table = _job(
-                cfg, tracker, dev, name, jit, run_dir, point is not None
+                cfg, tracker, dev, name, jit, run_dir, point is not None, stop
             )
         seconds = time.perf_counter() - started
         summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table)
