@@ -107,7 +107,8 @@ def test_a_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, extra):
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_checkpoints_and_marks_the_run_killed(tmp_path):
+@pytest.mark.parametrize("delay", [0, 8], ids=["while-it-starts", "while-it-trains"])
+def test_sigterm_finishes_the_step_checkpoints_and_marks_the_run_killed(tmp_path, delay):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     run_dir = tmp_path / "run"
     args = [*tiny_overrides("transformer", store), "trainer.max_steps=100000"]
@@ -115,7 +116,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_marks_the_run_killed(tmp_path
     deadline = time.monotonic() + 300
     while not (run_dir / "run.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(8)  # TensorFlow imported, the step compiled, steps under way
+    time.sleep(delay)  # 0: TensorFlow loading; 8: the step compiled, steps under way
     job.send_signal(signal.SIGTERM)
     out, err = job.communicate(timeout=120)
     assert job.returncode == 143, err[-3000:]
