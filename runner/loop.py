@@ -132,8 +132,10 @@ def train(
                 bar.update(step, [("loss", loss)])
             last = step == total_steps and state is not None and state.every > 0
             if state is not None and (state.due(step) or stop.signum or last):
+                # Metrics first: a kill between the two then costs steps that run again
+                # and are not logged twice (Tracker.logged), not steps lost for good.
+                tracker.flush()
                 state.save(step)
-                tracker.flush()  # the run shows what the checkpoint holds
             if stop.signum:
                 if state is None:
                     raise KeyboardInterrupt
