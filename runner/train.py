@@ -152,7 +152,7 @@ def _profile(cfg, built, model, optimizer, data, name, pruner, tracker, run_dir,
 
 def _out_of_memory(err, cfg, built, optimizer, spec, jit, name, remat):
     """The same error, its message saying what ran out and which levers to try."""
-    cpu_xla = jit and "GPU" not in name.upper() and "NVIDIA" not in name
+    cpu_xla = report.is_cpu_xla(jit, name)
     total = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat)["total"]
     limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if "GPU" not in name.upper() else None
     b, k = cfg.data.batch_size, cfg.accum

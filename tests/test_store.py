@@ -36,6 +36,13 @@ OPEN_TOGETHER = textwrap.dedent(
 )
 
 
+def _module(*args: str) -> subprocess.CompletedProcess:
+    """`python -m ARGS` from the repository, as a user runs tfmemlab's tools."""
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
 def _runs(uri: str) -> list:
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("tfmemlab")
@@ -163,21 +170,9 @@ def test_a_server_lost_mid_run_loses_nothing(tmp_path):
 
     server = start_mlflow_server(tmp_path, port)
     try:
-        upload = subprocess.run(
-            [sys.executable, "-m", "runner.track.upload", str(run_dir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        upload = _module("runner.track.upload", str(run_dir))
         assert upload.returncode == 0, upload.stderr[-3000:]
-        again = subprocess.run(
-            [sys.executable, "-m", "runner.track.upload", str(run_dir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        again = _module("runner.track.upload", str(run_dir))
         assert "sent 0 pending record(s)" in again.stdout, again.stderr[-3000:]
         client = MlflowClient(tracking_uri=uri)
         run = client.get_run(run.info.run_id)
@@ -221,13 +216,7 @@ def test_a_store_left_half_migrated_is_a_one_line_error_and_repair_keeps_its_run
     assert "_alembic_tmp_tags was left behind" in line, line
     assert f"python -m runner.track.store repair {db}" in line, line
 
-    repair = subprocess.run(
-        [sys.executable, "-m", "runner.track.store", "repair", str(db)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    repair = _module("runner.track.store", "repair", str(db))
     assert repair.returncode == 0, repair.stderr[-3000:]
     (backup,) = tmp_path.glob("mlflow.db.backup-*")
     assert backup.read_bytes() == broken  # the store as it was, kept
@@ -248,13 +237,7 @@ def test_repair_leaves_a_temporary_table_that_holds_the_only_copy_of_rows(tmp_pa
     with sqlite3.connect(db) as con:
         con.execute("CREATE TABLE _alembic_tmp_gone (x INTEGER)")
         con.execute("INSERT INTO _alembic_tmp_gone VALUES (1)")
-    repair = subprocess.run(
-        [sys.executable, "-m", "runner.track.store", "repair", str(db)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    repair = _module("runner.track.store", "repair", str(db))
     assert repair.returncode != 0 and "Traceback" not in repair.stderr
     assert "_alembic_tmp_gone holds the only copy of 1 row(s) of gone" in repair.stderr
     with sqlite3.connect(db) as con:

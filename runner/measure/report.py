@@ -89,14 +89,18 @@ def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], 
     }, source
 
 
+def is_cpu_xla(jit: bool, device_name: str) -> bool:
+    """Whether XLA compiles the steps for a CPU (device_name: runner.device.describe's)."""
+    return jit and "GPU" not in device_name.upper() and "NVIDIA" not in device_name
+
+
 def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[str, str]]:
     """Every figure of the run, keyed as in the contract, and tags saying where the memory
     figures and the peak FLOP/s came from."""
     samples = cfg.data.batch_size * cfg.accum
     tokens = samples * facts.spec.seq_len if facts.spec.kind == "tokens" else None
     # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
-    name = facts.device_name
-    cpu_xla = facts.jit and "GPU" not in name.upper() and "NVIDIA" not in name
+    cpu_xla = is_cpu_xla(facts.jit, facts.device_name)
     history = facts.history
     memory, reserved_source = _memory(cfg, facts, cpu_xla)
     figures = {**_params(facts.model), **memory}
