@@ -1,6 +1,7 @@
 """tfmemlab entry point: `python run.py precision=mixed accum=4`, `python run.py -m ...`."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -8,43 +9,86 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from runner.cli import check_command_line
 from runner.config import register_configs
+from runner.sweep_resume import JobPlan, die_with_sweep, resume_argv
 
 register_configs()
 
 
-def run_isolated(cfg: DictConfig) -> None:
+def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     """Run this sweep job as a plain run in a fresh Python process, and wait for it.
 
     TensorFlow keeps memory for the life of a process, and in-process jobs were measured
     charged for earlier ones (a small job's peak rose from 36.0 to 52.3 MB after a larger
     job): a fresh process per job makes every job's figures its own. The child records its
     run (FINISHED, or FAILED with its `failure` tag) under the sweep's parent run.
+
+    The child has a session of its own, so a Ctrl-C reaches the sweep's process only: the
+    first SIGINT or SIGTERM is passed on as SIGTERM (the job ends its step, checkpoints and
+    stops), a second SIGINT as SIGINT (it stops at once); then the sweep stops too, and
+    `sweep.resume` goes on with it. If the sweep's process dies, the child gets SIGTERM.
     """
+    from runner.sweep_resume import KEY, SWEEP_PID_ENV
     from runner.track.tracking import JOB_ENV
 
     hydra_cfg = HydraConfig.get()
-    name = cfg.mlflow.run_name or " ".join(hydra_cfg.overrides.task) or "default"
+    task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
+    name = cfg.mlflow.run_name or " ".join(task) or "default"
     args = [
         sys.executable,
         str(Path(__file__).resolve()),
-        *hydra_cfg.overrides.task,
+        *task,
         # A plain run: a preset that sets hydra.mode=MULTIRUN (experiment=memory_study)
         # must not make the child sweep again.
         "hydra.mode=RUN",
         f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
         f"mlflow.run_name='{name}'",
+        *([f"trainer.resume={resume_from}"] if resume_from else []),
     ]
-    child = subprocess.run(args, env={**os.environ, JOB_ENV: str(hydra_cfg.job.num)})
-    if child.returncode != 0:  # the sweep goes on; the job's MLflow run holds the error
+    env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
+    child = subprocess.Popen(args, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def pass_on(signum, frame) -> None:
+        child.send_signal(signal.SIGTERM if not received else signal.SIGINT)
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        returncode = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        from runner.track.sweep import stop
+
+        stop(cfg.mlflow.tracking_uri, Path(hydra_cfg.sweep.dir), received[0], hydra_cfg.job.num)
+    if returncode != 0:  # the sweep goes on; the job's MLflow run holds the error
         print(
-            f"tfmemlab: job {hydra_cfg.job.num} failed (exit {child.returncode}); its "
+            f"tfmemlab: job {hydra_cfg.job.num} failed (exit {returncode}); its "
             "MLflow run has the error and a failure tag",
             file=sys.stderr,
         )
+
+
+def plan_sweep_job() -> JobPlan:
+    """In a resumed sweep (sweep.resume): what this job does, said before it does it."""
+    from runner.sweep_resume import plan_job
+
+    hydra_cfg = HydraConfig.get()
+    plan = plan_job(Path(hydra_cfg.runtime.output_dir))
+    verb = {
+        "run": "runs",
+        "skip": "skipped",
+        "busy": "left to it",
+        "resume": "goes on from its last checkpoint",
+        "rerun": "runs again, in a new run",
+    }[plan.action]
+    print(f"tfmemlab: job {hydra_cfg.job.num}: {plan.reason}: {verb}", flush=True)
+    return plan
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -53,9 +97,20 @@ def main(cfg: DictConfig) -> None:
     from runner.track.tracking import JOB_ENV
 
     in_child = JOB_ENV in os.environ  # already the fresh process of an isolated job
-    if HydraConfig.get().mode == RunMode.MULTIRUN and cfg.sweep.isolate and not in_child:
-        run_isolated(cfg)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN and not in_child
+    resume_from = None
+    if multirun and cfg.sweep.resume:
+        plan = plan_sweep_job()
+        if plan.action in ("skip", "busy"):
+            return
+        if plan.action == "resume":
+            resume_from = Path(HydraConfig.get().runtime.output_dir)
+    if multirun and cfg.sweep.isolate:
+        run_isolated(cfg, resume_from)
         return
+    if resume_from is not None:  # an in-process job of a resumed sweep goes on from there
+        with open_dict(cfg):
+            cfg.trainer.resume = str(resume_from)
     from runner import import_tensorflow_quietly
 
     print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
@@ -74,11 +129,19 @@ def main(cfg: DictConfig) -> None:
                 raise
             raise SystemExit(f"error: {err.message}") from None
         except Interrupted as err:  # checkpointed, the run marked KILLED: say how to go on
-            print(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
+            if JOB_ENV in os.environ:  # a sweep's job: the sweep says how to go on
+                print(f"tfmemlab: {err}", flush=True)
+            else:
+                print(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
             raise SystemExit(err.exit_code) from None
         return
     try:
         run(cfg)
+    except Interrupted as err:  # checkpointed, the run marked KILLED: the sweep stops too
+        from runner.track.sweep import stop
+
+        hydra_cfg = HydraConfig.get()
+        stop(cfg.mlflow.tracking_uri, Path(hydra_cfg.sweep.dir), err.signum, hydra_cfg.job.num)
     except Exception as err:  # recorded FAILED (with its `failure` tag): the sweep goes on
         from runner.track.tracking import failure_kind
 
@@ -90,5 +153,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    die_with_sweep()
+    sys.argv[1:] = resume_argv(sys.argv[1:])
     check_command_line(sys.argv[1:])
     main()

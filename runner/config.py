@@ -161,6 +161,9 @@ class SweepConfig:
     # Each job in a fresh process (memory figures of one job must not depend on the jobs
     # before it); false: jobs run in the sweep's process, faster to start.
     isolate: bool = True
+    # A sweep directory (or `latest`) to launch again: finished jobs are skipped, stopped ones
+    # go on from their checkpoints, failed ones run again (runner/sweep_resume.py).
+    resume: str | None = None
 
 
 @dataclass

@@ -31,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
-NOT_THE_JOB = ("trainer.resume", "hydra.")  # overrides that do not change the job trained
+# Overrides that do not change the job trained.
+NOT_THE_JOB = ("trainer.resume", "sweep.resume", "hydra.")
 
 
 class Interrupted(BaseException):

@@ -56,12 +56,17 @@ NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress")
 
 
 def sweep_runs(client: MlflowClient, parent_id: str) -> list[Run]:
-    """The jobs of a sweep, in job order."""
+    """The jobs of a sweep, in job order: each job's newest run, less runs of a job that a
+    resumed sweep ran again (tag `superseded`)."""
     parent = client.get_run(parent_id)
     runs = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.sweep_id = '{parent_id}'"
     )
-    return sorted(runs, key=lambda r: int(r.data.tags.get("job_num", 0)))
+    newest = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        if "superseded" not in run.data.tags:
+            newest[run.data.tags.get("job_num", run.info.run_id)] = run
+    return sorted(newest.values(), key=lambda r: int(r.data.tags.get("job_num", 0)))
 
 
 def experiment_runs(client: MlflowClient, name: str) -> list[Run]:

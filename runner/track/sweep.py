@@ -10,7 +10,10 @@ sweep directory and the parent run, prints the table, and closes the parent run.
 """
 
 import os
+import signal
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -18,6 +21,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from runner.sweep_resume import read_sweep_file, resume_command, write_sweep_file
 from runner.track import compare
 from runner.track.tracking import PARENT_ENV, client_for, experiment_id, ui_hint
 
@@ -28,12 +32,37 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         uri = config.mlflow.tracking_uri
         client = client_for(uri)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if config.sweep.resume:  # the same parent run, reopened (runner/sweep_resume.py)
+            parent_id = read_sweep_file(sweep_dir)["parent_run_id"]
+            try:
+                parent = client.get_run(parent_id)
+            except Exception:
+                raise SystemExit(
+                    f"error: sweep.resume={sweep_dir}: its parent run {parent_id} is not in "
+                    f"{uri}; point MLFLOW_TRACKING_URI at the store the sweep logged to"
+                ) from None
+            client.update_run(parent_id, status="RUNNING")
+            if "stopped" in parent.data.tags:  # by a signal, the last time
+                client.delete_tag(parent_id, "stopped")
+            client.set_tag(parent_id, "resumed", time.strftime("%Y-%m-%d %H:%M:%S"))
+            os.environ[PARENT_ENV] = parent_id
+            print(f"tfmemlab: resuming sweep {parent_id} in {sweep_dir} -> {uri}", flush=True)
+            return
         experiment = experiment_id(client, config.mlflow.experiment, uri)
         overrides = " ".join(config.hydra.overrides.task)
         parent = client.create_run(
             experiment, run_name=f"sweep: {overrides}", tags={"sweep": "parent"}
         )
         os.environ[PARENT_ENV] = parent.info.run_id
+        write_sweep_file(
+            sweep_dir,
+            parent.info.run_id,
+            uri,
+            config.mlflow.experiment,
+            list(config.hydra.overrides.task),
+            list(config.hydra.overrides.hydra),
+        )
         print(
             f"tfmemlab: sweep {parent.info.run_id} -> {uri}, experiment "
             f"'{config.mlflow.experiment}'"
@@ -60,6 +89,25 @@ class SweepCallback(Callback):
         client.set_tag(parent_id, "failed_jobs", str(len(failed)))
         client.set_terminated(parent_id, status="FINISHED")
         print(summary)
+
+
+def stop(uri: str, sweep_dir: Path, signum: int, job_num: int) -> None:
+    """The sweep's process got SIGTERM or SIGINT during job `job_num`, which has checkpointed
+    and stopped: mark the parent run KILLED, say how to go on, and exit with 128 + signum
+    (the jobs after it do not start)."""
+    parent_id = os.environ.pop(PARENT_ENV, None)
+    if parent_id is not None:
+        client = client_for(uri)
+        name = signal.Signals(signum).name
+        client.set_tag(parent_id, "stopped", f"{name} during job {job_num}")
+        client.set_terminated(parent_id, status="KILLED")
+    print(
+        f"tfmemlab: sweep stopped by {signal.Signals(signum).name} during job {job_num}; go on "
+        f"with: {resume_command(sweep_dir)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(128 + signum)
 
 
 def _summary(config, client, parent_id, rows, failed, sweep_dir) -> str:

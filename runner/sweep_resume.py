@@ -1,0 +1,204 @@
+"""Sweeps that resume (issue 16): `python run.py -m sweep.resume=<sweep dir>|latest`.
+
+Hydra has no resume for sweeps (facebookresearch/hydra#3328). At the start of a sweep,
+tfmemlab's sweep callback writes `sweep.json` into the sweep directory: the parent MLflow
+run, the store and the sweep's overrides. `sweep.resume` launches the same sweep again, into
+the same directory and under the same parent run, so that job N finds its own folder
+(`<sweep dir>/N`) and what its last attempt left there. Before it starts, each job looks:
+
+- its run FINISHED: the job is skipped;
+- its run was stopped (KILLED by a signal, or left RUNNING by a process that is gone) after
+  a checkpoint: the job goes on from that checkpoint, in the same MLflow run
+  (`trainer.resume=<job dir>`);
+- its run FAILED, or was stopped with no checkpoint to go on from: the job runs again, in a
+  new MLflow run. The last attempt's files move to `<job dir>/attempts/<run id>/`, and its
+  run is tagged `superseded`, so the comparison covers each job once;
+- it has no run: it runs.
+
+The command line is rewritten here before Hydra starts (no TensorFlow, no MLflow): the
+sweep's overrides are filled in when none are given, and checked when they are, since
+Hydra numbers the jobs by their order.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.resume import RUN_FILE, ResumeError, locate
+
+SWEEP_FILE = "sweep.json"
+ATTEMPTS = "attempts"
+KEY = "sweep.resume"
+SWEEP_PID_ENV = "TFMEMLAB_SWEEP_PID"  # set for a job run in a process of its own
+
+
+def write_sweep_file(
+    sweep_dir: Path, parent_id: str, uri: str, experiment: str, task: list[str], hydra: list[str]
+) -> None:
+    """Record the sweep at its start: what `sweep.resume` needs to launch it again."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "parent_run_id": parent_id,
+        "tracking_uri": uri,
+        "experiment": experiment,
+        "overrides": [o for o in task if not o.startswith(f"{KEY}=")],
+        # Hydra's own overrides (a launcher, say), less those a resume sets itself.
+        "hydra_overrides": [
+            o for o in hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))
+        ],
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=2))
+
+
+def read_sweep_file(sweep_dir: Path) -> dict:
+    path = sweep_dir / SWEEP_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise SystemExit(
+            f"error: {KEY}={sweep_dir}: no readable {SWEEP_FILE} there; expected the "
+            "directory of a tfmemlab sweep (outputs/multirun/<date>/<time>)"
+        ) from None
+
+
+def _latest_sweep(task: list[str], root: Path = Path("outputs")) -> Path:
+    """The newest sweep directory under `root`; of these overrides, when some are given."""
+    found = []
+    for path in root.glob(f"**/{SWEEP_FILE}"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not task or record.get("overrides") == task:
+            found.append((path.stat().st_mtime, path.parent))
+    if not found:
+        which = f" of the overrides '{' '.join(task)}'" if task else ""
+        raise SystemExit(f"error: {KEY}=latest: no sweep{which} under {root}/ to resume")
+    return max(found)[1]
+
+
+def resume_argv(argv: list[str]) -> list[str]:
+    """The command line that relaunches the sweep `sweep.resume=` names; argv itself when it
+    names none. Exits with a one-line error when the sweep cannot be resumed as asked."""
+    values = [a.partition("=")[2] for a in argv if a.startswith(f"{KEY}=")]
+    if not values or values[-1] in ("", "null"):
+        return argv
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    overrides = set(args.overrides)
+    flags = [a for a in argv if a not in overrides]  # -m, --config-name NAME, ...
+    task = [o for o in args.overrides if not o.lstrip("+~").startswith(("hydra", f"{KEY}="))]
+    hydra = [o for o in args.overrides if o.lstrip("+~").startswith("hydra")]
+    sweep_dir = _latest_sweep(task) if values[-1] == "latest" else Path(values[-1])
+    record = read_sweep_file(sweep_dir)
+    if task and task != record["overrides"]:
+        raise SystemExit(
+            f"error: {KEY}={values[-1]}: that sweep ran '{' '.join(record['overrides'])}'; "
+            "give the same overrides in the same order (jobs are numbered by it), or none"
+        )
+    hydra = [o for o in hydra if not o.startswith("hydra.sweep.dir=")] or record["hydra_overrides"]
+    if not args.multirun:
+        flags.insert(0, "-m")
+    return [
+        *flags,
+        *hydra,
+        *record["overrides"],
+        f"{KEY}={sweep_dir}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+
+
+def resume_command(sweep_dir: Path) -> str:
+    return f"python run.py -m {KEY}={sweep_dir}"
+
+
+@dataclass
+class JobPlan:
+    action: str  # run | skip | resume | rerun | busy
+    reason: str
+    run_id: str | None = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def plan_job(job_dir: Path) -> JobPlan:
+    """What a relaunched sweep does with the job whose folder is `job_dir` (module docstring).
+    A job it runs again has its last attempt moved aside and its run tagged `superseded`."""
+    import socket
+
+    from runner.track.tracking import client_for
+
+    try:
+        record = json.loads((job_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return JobPlan("run", "it has no run yet")
+    run_id = record["run_id"]
+    client = client_for(record["tracking_uri"])
+    try:
+        run = client.get_run(run_id)
+    except Exception:  # not in the store (deleted): nothing to go on from there
+        _move_aside(job_dir, run_id)
+        return JobPlan("rerun", f"its run {run_id} is not in {record['tracking_uri']}")
+    status, tags = run.info.status, run.data.tags
+    if status == "FINISHED":
+        return JobPlan("skip", f"its run {run_id} FINISHED", run_id)
+    gone = True
+    if status == "RUNNING" and tags.get("host") == socket.gethostname() and "pid" in tags:
+        gone = not _alive(int(tags["pid"]))
+    if status == "RUNNING" and not gone:
+        return JobPlan("busy", f"its run {run_id} is still running (process {tags['pid']})", run_id)
+    if status == "FAILED":
+        why = f"its run {run_id} FAILED ({tags.get('failure', 'error')})"
+    else:
+        try:
+            locate(str(job_dir), [])
+        except ResumeError as err:
+            why = f"its run {run_id} was stopped ({status}), and {str(err).partition(': ')[2]}"
+        else:
+            return JobPlan("resume", f"its run {run_id} was stopped ({status})", run_id)
+    if status == "RUNNING":  # left so by a process that is gone
+        client.set_tag(run_id, "lost", "its process is gone; the job ran again (sweep.resume)")
+        client.set_terminated(run_id, status="KILLED")
+    client.set_tag(run_id, "superseded", "the job ran again in a new run (sweep.resume)")
+    _move_aside(job_dir, run_id)
+    return JobPlan("rerun", why, run_id)
+
+
+def _move_aside(job_dir: Path, run_id: str) -> None:
+    """Move the last attempt's files (run.json, checkpoints, figures) into attempts/<run id>/;
+    Hydra's own (.hydra, the job's log) stay."""
+    dest = job_dir / ATTEMPTS / run_id
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in job_dir.iterdir():
+        if path.name in (".hydra", ATTEMPTS) or path.suffix == ".log":
+            continue
+        path.rename(dest / path.name)
+
+
+def die_with_sweep() -> None:
+    """In a job run in a process of its own: get SIGTERM when the sweep's process dies, even by
+    SIGKILL, so the job ends its step, checkpoints and marks its run KILLED instead of going
+    on alone (Linux: PR_SET_PDEATHSIG)."""
+    sweep_pid = os.environ.get(SWEEP_PID_ENV)
+    if sweep_pid is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(sweep_pid):  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
