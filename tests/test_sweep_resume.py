@@ -334,3 +334,7 @@ def test_ctrl_c_stops_the_sweep_after_a_checkpoint_and_the_sweep_resumes(tmp_pat
     assert sorted(steps) == list(range(1, 401))
     assert client.get_run(parent).info.status == "FINISHED"
     assert "stopped" not in client.get_run(parent).data.tags
+    # The comparison says that the resumed job's figures cover its resumed steps only.
+    start = int(client.get_run(stopped.info.run_id).data.tags["resumed_from_step"]) + 1
+    note = f"baseline: resumed from a checkpoint; its figures cover optimizer steps {start}-400"
+    assert note in resumed.stdout and note in (sweep_dir / "comparison.md").read_text()

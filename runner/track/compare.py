@@ -95,6 +95,8 @@ def rows(runs: list[Run], baseline: str | None = None) -> list[dict]:
             "status": run.info.status,
             "failure": tags.get("failure", ""),
             "differs": " ".join(differs(run.data.params, base_params)),
+            # A resumed run's figures cover the steps after its checkpoint (runner/resume.py).
+            "covers_steps": tags.get("figures_cover_steps", ""),
         }
         for column, key, scale in FIGURES:
             row[column] = metrics[key] * scale if key in metrics else None
@@ -166,7 +168,7 @@ def label_for(params: dict, base: dict) -> str:
 
 def columns(out: list[dict]) -> list[str]:
     """The table's columns: everything but the estimate's parts (those go to the CSV)."""
-    return [c for c in out[0] if not c.startswith("est_")] if out else []
+    return [c for c in out[0] if not c.startswith("est_") and c != "covers_steps"] if out else []
 
 
 def marked(row: dict) -> str:
@@ -176,12 +178,19 @@ def marked(row: dict) -> str:
 
 def notes(out: list[dict]) -> list[str]:
     keys = sorted({k for r in out for k in r["differs"].split()})
+    lines = [
+        f"{r['job']}: resumed from a checkpoint; its figures cover optimizer steps "
+        f"{r['covers_steps']} only."
+        for r in out
+        if r.get("covers_steps")
+    ]
     if not keys:
-        return []
+        return lines
     return [
         "(*) not like for like: these jobs differ from the baseline in "
         + ", ".join(keys)
-        + " (column `differs`), so their ratios (/base) mix the technique with that difference."
+        + " (column `differs`), so their ratios (/base) mix the technique with that difference.",
+        *lines,
     ]
 
 
