@@ -109,3 +109,29 @@ def test_run_above_a_fresh_calibration_becomes_the_peak(tmp_path):
 def test_achieved_flops(args, expected):
     value = estimate.achieved_flops(*args)
     assert (math.isnan(value) and math.isnan(expected)) or value == expected
+
+
+def test_a_calibration_that_runs_out_of_memory_leaves_the_figure_unknown_and_caches_nothing(
+    tmp_path,
+):
+    """Under a CPU BFC limit (memory studies, accum=auto's probes) the 2048^2 matmuls and the
+    256 MiB copy do not fit: the run's figures go on without them, and a later run with
+    memory to spare calibrates properly."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = (
+        "from runner.measure import cpu_peak; "
+        f"f = cpu_peak.peak({str(tmp_path)!r}, 'float32'); "
+        f"b = cpu_peak.bandwidth({str(tmp_path)!r}); print(*f, *b, sep='|')"
+    )
+    env = {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "24", "TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    unknown = "nan|uncalibrated: out of memory"
+    assert done.stdout.strip() == f"{unknown}|{unknown}"
+    assert not (tmp_path / cpu_peak.CACHE_FILE).exists()

@@ -148,7 +148,15 @@ def _cached(cache_dir, key: str, calibrate, redo) -> dict:
     returns a new one rather than None; a new entry is written beside the others."""
     path = Path(cache_dir) / CACHE_FILE
     old = _read_cache(path).get(key)
-    entry = calibrate("no calibration cached") if old is None else redo(old)
+    try:
+        entry = calibrate("no calibration cached") if old is None else redo(old)
+    except tf.errors.ResourceExhaustedError:
+        # Under a CPU BFC limit (TF_CPU_BFC_MEM_LIMIT_IN_MB, as memory studies and accum=auto's
+        # probes set it) the 2048^2 matmuls or the copy buffer may not fit: the run's figures
+        # must not fail on it, and nothing is cached from it.
+        if old is not None:
+            return old
+        return {**dict.fromkeys(FIGURES, math.nan), "source": "uncalibrated: out of memory"}
     if entry is None:
         return old
     # Read again: another job may have cached another figure while this one measured.
