@@ -125,6 +125,8 @@ def main(cfg: DictConfig) -> None:
         except TrackingError as err:  # the store cannot be used: one line, no run to lose
             raise SystemExit(f"error: {err}") from None
         except Exception as err:  # out of memory: the run is FAILED (failure=oom); one line
+            if type(err).__name__ == "PlanError":  # accum=auto: the budget cannot be met
+                raise SystemExit(f"error: {err}") from None
             if type(err).__name__ != "ResourceExhaustedError":
                 raise
             raise SystemExit(f"error: {err.message}") from None

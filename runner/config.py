@@ -20,6 +20,7 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every", "selective")
+PRECISION_NAMES = ("fp32", "mixed", "bf16")  # conf/precision/*.yaml
 PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")
@@ -143,6 +144,9 @@ class TrainerConfig:
     checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: only on SIGTERM/SIGINT
     resume: str | None = None  # a run directory, or latest (the newest of the same job)
     deterministic: bool = False  # TensorFlow's op determinism: a resumed run ends bitwise equal
+    # The effective batch (micro-batch x accum) accum=auto and runner.plan reach; null:
+    # data.batch_size x accum as given.
+    effective_batch_size: int | None = None
 
 
 @dataclass
@@ -167,6 +171,17 @@ class SweepConfig:
 
 
 @dataclass
+class PlanConfig:
+    # Memory budget for accum=auto and runner.plan: bytes or a unit string (8GiB, 512MiB); null:
+    # the GPU's total memory, or on a CPU TF_CPU_BFC_MEM_LIMIT_IN_MB (runner/plan.py).
+    budget: str | None = None
+    margin: float = 0.1  # the share of the budget kept free for what the prediction misses
+    measure: bool = False  # runner.plan: confirm each row that fits with a short probe
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "mixed", "bf16"])
+    policies: list[str] = field(default_factory=lambda: ["none", "selective", "blocks", "sqrt"])
+
+
+@dataclass
 class ProfileConfig:
     # Profile the job layer by layer after its timed steps (runner/measure/profile.py, issue 14).
     layers: bool = False
@@ -182,10 +197,11 @@ class Config:
     pruning: PruningConfig = MISSING
     data: Any = MISSING
     trainer: TrainerConfig = MISSING
-    accum: int = 1
+    accum: Any = 1  # an integer >= 1, or auto (runner/plan.py)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -303,12 +319,12 @@ def _validate_data(cfg: DictConfig) -> None:
     if cfg.data.name == "synthetic":
         for key in ("data.num_classes", "data.vocab_size"):
             _check_min(cfg, key, 2)
+        per_step = cfg.data.batch_size * (1 if cfg.accum == "auto" else cfg.accum)
         _require(
-            cfg.data.train_samples >= cfg.data.batch_size * cfg.accum,
+            cfg.data.train_samples >= per_step,
             "data.train_samples",
             cfg.data.train_samples,
-            f"at least one optimizer step of data (data.batch_size x accum = "
-            f"{cfg.data.batch_size * cfg.accum})",
+            f"at least one optimizer step of data (data.batch_size x accum = {per_step})",
         )
         _check_min(cfg, "data.val_samples", 1)
     else:
@@ -397,9 +413,30 @@ def _validate_pruning(cfg: DictConfig) -> None:
         check_pruning_steps(p, cfg.trainer.max_steps)
 
 
+def _validate_accum(cfg: DictConfig) -> None:
+    from runner.plan import PlanError, parse_bytes
+
+    accum = cfg.accum
+    ok = accum == "auto" or (isinstance(accum, int) and not isinstance(accum, bool) and accum >= 1)
+    _require(ok, "accum", accum, "an integer >= 1, or auto")
+    _check_min(cfg, "trainer.effective_batch_size", 1, optional=True)
+    for key, allowed in (("precisions", PRECISION_NAMES), ("policies", CHECKPOINTING_POLICIES)):
+        for value in cfg.plan[key]:
+            _require(value in allowed, f"plan.{key}", value, f"a list of {', '.join(allowed)}")
+    margin = cfg.plan.margin
+    _require(0 <= margin < 1, "plan.margin", margin, "a number in [0, 1)")
+    if cfg.plan.budget is not None:
+        try:
+            parse_bytes(cfg.plan.budget)
+        except PlanError as err:
+            raise ConfigError(
+                "plan.budget", cfg.plan.budget, str(err).split("expected ")[1]
+            ) from None
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
-    _check_min(cfg, "accum", 1)
+    _validate_accum(cfg)
     _check_choice(cfg, "precision.policy", POLICIES)
     _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
     _check_min(cfg, "checkpointing.every", 1)

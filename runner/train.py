@@ -15,7 +15,7 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner import device, resume
+from runner import device, plan, resume
 from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
@@ -236,6 +236,9 @@ def run(cfg: DictConfig) -> dict:
     point = resume.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
     if point is not None:
         cfg = _resumed_config(point, cfg)
+    plan_record = None
+    if cfg.accum == "auto":  # measured by probes in fresh processes, before this run allocates
+        cfg, plan_record = plan.auto(cfg)
     run_name = cfg.mlflow.run_name or " ".join(overrides) or "default"
     if cfg.trainer.deterministic:  # process-wide: the ops that follow are deterministic
         tf.config.experimental.enable_op_determinism()
@@ -258,6 +261,8 @@ def run(cfg: DictConfig) -> dict:
         run_dir = run_dir_of(tracker.run_id)
         if point is None:
             resume.write_run_file(run_dir, tracker.run_id, cfg, overrides)
+        if plan_record is not None:
+            plan.log_plan(tracker, plan_record, run_dir)
         dev, name, jit = _log_setup(tracker, cfg, overrides if point is None else None)
         notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
         for note in notes:

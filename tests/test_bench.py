@@ -68,3 +68,33 @@ def test_layers_bench_prints_each_jobs_table_shares_and_check(capsys, monkeypatc
         ratio = r["layers/sum_over_step_time"]
         assert float(check.group(1)) == pytest.approx(ratio, abs=0.0005)
         assert check.group(2) == ("ok" if 0.7 <= ratio <= 1.3 else "MISSED")
+
+
+@pytest.mark.slow
+def test_plan_bench_prints_predicted_beside_measured_and_its_verdict(capsys, monkeypatch):
+    from runner.bench import plan as plan_bench
+
+    small = [
+        "model=transformer",
+        "model.h=16",
+        "model.layers=2",
+        "model.heads=2",
+        "data.seq_len=16",
+        "data.vocab_size=16",
+    ]
+    monkeypatch.setattr(plan_bench, "MODELS", {"transformer": small})
+    monkeypatch.setattr(plan_bench, "PRECISIONS", ("fp32",))
+    monkeypatch.setattr(plan_bench, "BATCHES", (2, 8))
+    rows = plan_bench.main(["data.train_samples=64", "data.val_samples=8"])
+    out = capsys.readouterr().out
+    assert [(r["checkpointing"], r["micro_batch"]) for r in rows] == [
+        ("none", 2),
+        ("none", 8),
+        ("blocks", 2),
+        ("blocks", 8),
+    ]
+    for r in rows:  # measured by a probe, divided as printed
+        assert r["measured_MiB"] > 0
+        assert r["predicted/measured"] == pytest.approx(r["predicted_MiB"] / r["measured_MiB"])
+    assert rows[1]["measured_MiB"] > rows[0]["measured_MiB"]  # a larger micro-batch, more
+    assert "|predicted/measured - 1|: worst " in out and "(target: every one <= 15%" in out

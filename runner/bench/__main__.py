@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-BENCHES = ("overhead", "memory", "precision_accum", "checkpointing", "gpu_check", "layers")
+BENCHES = ("overhead", "memory", "precision_accum", "checkpointing", "gpu_check", "layers", "plan")
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,255 @@
+"""Fit a memory budget (issue 17): runner.plan's table and accum=auto, with real TensorFlow,
+real probes in fresh processes and a real MLflow store."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runner.config import compose_config
+from runner.plan import PlanError, divisors, parse_bytes, probe
+from tests.conftest import REPO, run_cli, tiny_overrides
+
+# A transformer whose peak grows by about 1 MiB per example (128 tokens): under a 48 MiB
+# budget the micro-batch that fits is tens of examples, not 1 and not the effective batch.
+SIZES = [
+    "model.h=32",
+    "model.layers=1",
+    "model.heads=2",
+    "data.seq_len=128",
+    "data.vocab_size=64",
+    "data.train_samples=512",
+    "data.val_samples=8",
+    "trainer.progress=false",
+]
+
+
+def test_budgets_are_read_in_bytes_and_units():
+    assert parse_bytes("8GiB") == 8 * 2**30
+    assert parse_bytes("512 MiB") == 512 * 2**20
+    assert parse_bytes("2.5GB") == 2_500_000_000
+    assert parse_bytes("1048576") == 2**20
+    assert parse_bytes(64) == 64
+    for bad in ("8G", "lots", "-1MiB", ""):
+        with pytest.raises(PlanError, match=f"plan.budget={bad}: expected bytes or a number"):
+            parse_bytes(bad)
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+def _plan(args: list[str], env: dict | None = None):
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "runner.plan", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["plan.budget=8G"], "error: plan.budget=8G: not allowed; expected bytes or a number"),
+        (["plan.margin=1.5"], "error: plan.margin=1.5: not allowed; expected a number in [0, 1)"),
+        (["accum=0"], "error: accum=0: not allowed; expected an integer >= 1, or auto"),
+        (["accum=many"], "error: accum=many: not allowed; expected an integer >= 1, or auto"),
+        ([], "error: plan.budget=null: on a CPU give the memory budget, e.g. plan.budget=8GiB"),
+    ],
+)
+def test_bad_plan_input_is_one_line(args, expected):
+    result = _plan(args)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith(expected), result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _rows(stdout: str) -> list[dict]:
+    lines = stdout.splitlines()
+    start = next(
+        i for i, line in enumerate(lines) if line.split()[:2] == ["precision", "checkpointing"]
+    )
+    header = lines[start].split()
+    rows = []
+    for line in lines[start + 1 :]:
+        cells = line.split(None, len(header) - 1)
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def test_the_plan_predicts_what_the_run_estimates_and_names_the_cheapest_fit(store):
+    """Every precision x checkpointing row, cheapest first; the first line names the cheapest
+    row that fits; a row's prediction is the estimate the run itself logs at that micro-batch
+    and accum; the next larger micro-batch would not have fit."""
+    overrides = [*SIZES, "model.layers=2", "trainer.effective_batch_size=64"]
+    result = _plan([*overrides, "plan.budget=40MiB"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(result.stdout)
+    assert {(r["precision"], r["checkpointing"]) for r in rows} == {
+        (p, c) for p in ("fp32", "mixed", "bf16") for c in ("none", "selective", "blocks", "sqrt")
+    }
+    fitting = [r for r in rows if r["fits"] == "yes"]
+    times = [float(r["time_ratio"]) for r in fitting]
+    assert fitting and times == sorted(times)
+    best = fitting[0]
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(
+        f"cheapest that fits: precision={best['precision']} checkpointing="
+        f"{best['checkpointing']} data.batch_size={best['micro_batch']} accum={best['accum']}"
+    )
+    base = next(r for r in rows if (r["precision"], r["checkpointing"]) == ("fp32", "none"))
+    assert float(base["time_ratio"]) == 1.0
+    blocks = next(r for r in rows if (r["precision"], r["checkpointing"]) == ("fp32", "blocks"))
+    assert float(blocks["time_ratio"]) > 1.0  # the blocks' forward again, in FLOPs
+    # A precision's time is fp32's FLOPs times the step-time ratio measured for it, if any.
+    bf16 = next(r for r in rows if (r["precision"], r["checkpointing"]) == ("bf16", "none"))
+    measured = re.match(r"FLOPs x ([0-9.]+) measured \(bench ", bf16["time_from"])
+    assert measured or bf16["time_from"].startswith("FLOPs only (no step time measured")
+    factor = float(measured.group(1)) if measured else 1.0
+    assert float(bf16["time_ratio"]) == pytest.approx(factor, rel=1e-3)
+
+    # The run at the planned micro-batch and accum estimates what the plan predicted.
+    from runner.train import run
+
+    b, k = int(base["micro_batch"]), int(base["accum"])
+    assert b * k == 64 and 1 < b < 64  # the budget makes the choice, not the edges
+    figures = run(
+        compose_config(
+            [
+                *overrides,
+                f"data.batch_size={b}",
+                f"accum={k}",
+                "trainer.max_steps=1",
+                f"mlflow.tracking_uri={store}",
+            ]
+        )
+    )
+    assert figures["mem/estimate_bytes"] / 2**20 == pytest.approx(
+        float(base["predicted_MiB"]), rel=1e-3
+    )
+    bigger = min(d for d in divisors(64) if d > b)
+    figures = run(
+        compose_config(
+            [
+                *overrides,
+                f"data.batch_size={bigger}",
+                f"accum={64 // bigger}",
+                "trainer.max_steps=1",
+                f"mlflow.tracking_uri={store}",
+            ]
+        )
+    )
+    assert figures["mem/estimate_bytes"] > 0.9 * 40 * 2**20  # over the budget less the margin
+
+
+def test_a_budget_below_the_fixed_part_is_one_line_without_probing(tmp_path):
+    result = run_cli(
+        [
+            *tiny_overrides("transformer", f"sqlite:///{tmp_path}/m.db"),
+            "accum=auto",
+            "trainer.effective_batch_size=8",
+            "plan.budget=4KiB",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert line.startswith(
+        "error: the budget of 4 KiB (plan.budget) is below what this job keeps whatever its "
+        "micro-batch: "
+    )
+    assert "params " in line and "optimizer " in line and "trainer.optimizer=sgd" in line
+    assert "probing" not in result.stdout and "MLflow: run" not in result.stdout
+
+
+@pytest.mark.slow
+def test_plan_measure_probes_each_row_that_fits_and_shows_it_beside_the_prediction():
+    result = _plan(
+        [
+            *SIZES,
+            "model.layers=2",
+            "trainer.effective_batch_size=64",
+            "plan.budget=40MiB",
+            "plan.precisions=[fp32]",
+            "plan.policies=[none,blocks]",
+            "plan.measure=true",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(result.stdout)
+    assert [(r["precision"], r["checkpointing"]) for r in rows] == [
+        ("fp32", "none"),
+        ("fp32", "blocks"),
+    ]
+    for row in rows:
+        assert row["fits"] == "yes"
+        ratio = float(row["measured_MiB"]) / float(row["predicted_MiB"])
+        assert 0.5 < ratio < 2, row  # the same job measured: MiB beside MiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "technique",
+    [
+        [],
+        [
+            "precision=bf16",
+            "checkpointing=blocks",
+            "model.layers=2",
+            "pruning=polynomial",
+            "pruning.frequency=2",
+        ],
+    ],
+    ids=["fp32", "bf16-blocks-pruning"],
+)
+def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(
+    tmp_path, monkeypatch, technique
+):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    budget = 48
+    env = {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(budget)}
+    result = run_cli(
+        [
+            *SIZES,
+            *technique,
+            "accum=auto",
+            "trainer.effective_batch_size=256",
+            f"plan.budget={budget}MiB",
+            "trainer.max_steps=4",
+            f"mlflow.tracking_uri={store}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        env,
+        900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    assert run.info.status == "FINISHED"
+    params, metrics = run.data.params, run.data.metrics
+    b, k = int(params["data.batch_size"]), int(params["accum"])
+    assert b * k == 256 and params["effective_batch_size"] == "256"
+    assert (metrics["plan/micro_batch"], metrics["plan/accum"]) == (b, k)
+    assert metrics["plan/budget_bytes"] == budget * 2**20
+    assert f"accum=auto: data.batch_size={b} accum={k} (effective 256)" in result.stdout
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert len(plan["probes"]) >= 3 and all("peak_bytes" in p for p in plan["probes"])
+    # Its measured peak is under the budget, in the run and in the confirming probe ...
+    assert metrics["mem/peak_bytes"] <= budget * 2**20
+    assert plan["probes"][-1]["micro_batch"] == b
+    assert plan["probes"][-1]["peak_bytes"] <= budget * 2**20
+    # ... and twice the micro-batch is not: checked by a probe of its own.
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", str(budget))
+    cfg = compose_config([*SIZES, *technique, f"mlflow.tracking_uri={store}"])
+    # The techniques were held fixed while it searched.
+    assert params["precision.name"] == ("bf16" if technique else "fp32")
+    assert params["checkpointing.policy"] == ("blocks" if technique else "none")
+    assert params["pruning.schedule"] == ("polynomial" if technique else "none")
+    twice = probe(cfg, 2 * b, max(1, 256 // (2 * b)))
+    assert twice["oom"] or twice["peak_bytes"] > budget * 2**20, twice
