@@ -312,7 +312,7 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
                     time_from,
                 )
             )
-    rows.sort(key=lambda r: (not r.fits, r.time_ratio))
+    rows.sort(key=lambda r: (not r.fits, r.time_ratio, r.predicted_MiB or math.inf))
     return rows, total, source, usable
 
 
