@@ -196,7 +196,7 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, resolve_jit) -
 
 def _reference_flops(cfg, spec, on_gpu: bool, name: str, resolve_jit) -> float:
     """Hardware FLOPs of a step of fp32 with no checkpointing at the target batch."""
-    reference = _checkpointing_cfg(_precision_cfg(cfg, "fp32"), "none")
+    reference = _job(cfg, "fp32", "none")
     return estimate_line(reference, spec, on_gpu, name, resolve_jit)[1]
 
 
@@ -216,24 +216,17 @@ def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:
     return ratio, f"FLOPs x {ratio:g} measured ({where})"
 
 
-def _precision_cfg(cfg: DictConfig, name: str) -> DictConfig:
-    """cfg with conf/precision/<name>.yaml in place of its precision."""
+def with_option(cfg: DictConfig, group: str, option: str) -> DictConfig:
+    """cfg with conf/<group>/<option>.yaml in place of its option of that group."""
     from runner.config import CONF_DIR
 
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    out.precision = OmegaConf.merge(
-        out.precision, OmegaConf.load(CONF_DIR / "precision" / f"{name}.yaml")
-    )
+    out[group] = OmegaConf.merge(out[group], OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
     return out
 
 
-def _checkpointing_cfg(cfg: DictConfig, policy: str) -> DictConfig:
-    from runner.config import CONF_DIR
-
-    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    loaded = OmegaConf.load(CONF_DIR / "checkpointing" / f"{policy}.yaml")
-    out.checkpointing = OmegaConf.merge(out.checkpointing, loaded)
-    return out
+def _job(cfg: DictConfig, precision: str, policy: str) -> DictConfig:
+    return with_option(with_option(cfg, "precision", precision), "checkpointing", policy)
 
 
 def _supported(name: str, on_gpu: bool) -> bool:
@@ -285,7 +278,7 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
         if not _supported(precision, on_gpu):
             continue
         for policy in cfg.plan.policies:
-            job = _checkpointing_cfg(_precision_cfg(cfg, precision), policy)
+            job = _job(cfg, precision, policy)
             try:
                 line, hardware = estimate_line(job, spec, on_gpu, name, resolve_jit)
             except ValueError as err:  # a policy the model cannot take (no block boundaries)
@@ -595,6 +588,10 @@ def main(argv: list[str]) -> list[Row]:
     from runner import import_tensorflow_quietly
 
     import_tensorflow_quietly()
+    import tensorflow as tf
+
+    # Counting a CNN's FLOPs goes through a TensorFlow 1 graph utility that warns each time.
+    tf.get_logger().setLevel("ERROR")
     try:
         rows, total, source, usable = table(cfg)
     except PlanError as err:
@@ -616,7 +613,7 @@ def main(argv: list[str]) -> list[Row]:
     )
     if cfg.plan.measure:
         for row in fitting:
-            job = _checkpointing_cfg(_precision_cfg(cfg, row.precision), row.checkpointing)
+            job = _job(cfg, row.precision, row.checkpointing)
             result = probe(job, row.micro_batch, row.accum)
             row.measured_MiB = None if result["oom"] else mib(result["peak_bytes"])
             row.note = "out of memory" if result["oom"] else ""

@@ -125,22 +125,12 @@ class JobPlan:
     run_id: str | None = None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def plan_job(job_dir: Path) -> JobPlan:
     """What a relaunched sweep does with the job whose folder is `job_dir` (module docstring).
     A job it runs again has its last attempt moved aside and its run tagged `superseded`."""
     import socket
 
-    from runner.track.tracking import client_for
+    from runner.track.tracking import client_for, pid_alive
 
     try:
         record = json.loads((job_dir / RUN_FILE).read_text())
@@ -158,7 +148,7 @@ def plan_job(job_dir: Path) -> JobPlan:
         return JobPlan("skip", f"its run {run_id} FINISHED", run_id)
     gone = True
     if status == "RUNNING" and tags.get("host") == socket.gethostname() and "pid" in tags:
-        gone = not _alive(int(tags["pid"]))
+        gone = not pid_alive(int(tags["pid"]))
     if status == "RUNNING" and not gone:
         return JobPlan("busy", f"its run {run_id} is still running (process {tags['pid']})", run_id)
     if status == "FAILED":

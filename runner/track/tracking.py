@@ -270,7 +270,8 @@ def _logged_steps(client: MlflowClient, run_id: str) -> dict[str, int]:
     return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -289,7 +290,7 @@ def close_lost_runs(client: MlflowClient, experiment: str, job: str, resuming: s
         tags = run.data.tags
         if tags.get("job") != job or tags.get("host") != host or "pid" not in tags:
             continue
-        if run.info.run_id == resuming or _alive(int(tags["pid"])):
+        if run.info.run_id == resuming or pid_alive(int(tags["pid"])):
             continue
         run_dir = Path(tags.get("run_dir", "?"))
         has_checkpoint = (run_dir / "checkpoints" / "checkpoint").is_file()
