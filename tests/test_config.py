@@ -93,7 +93,7 @@ def test_validate_raises_config_error_naming_key():
 
 BAD_INPUT = [
     (["accum=0"], "accum=0", ">= 1"),
-    (["accum=four"], "accum=four", "Integer"),
+    (["accum=four"], "accum=four", "an integer >= 1, or auto"),
     (["precision=mixd"], "precision=mixd", "bf16, fp32, mixed"),
     (["model.widht=8"], "model.widht=8", "h, heads"),
     (["data.batch_size=-3"], "data.batch_size=-3", ">= 1"),
