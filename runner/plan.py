@@ -27,8 +27,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -84,16 +82,10 @@ def mib(n: float) -> float:
 
 def _gpu_total_bytes() -> int | None:
     """The first GPU's total memory, per nvidia-smi, or None."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    lines = out.stdout.split()
-    return int(float(lines[0])) * 2**20 if out.returncode == 0 and lines else None
+    from runner.measure.telemetry import nvidia_smi
+
+    lines = (nvidia_smi("gpu=memory.total", timeout=20) or "").split()
+    return int(float(lines[0])) * 2**20 if lines else None
 
 
 def budget(cfg: DictConfig, on_gpu: bool) -> tuple[int, str]:

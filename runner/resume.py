@@ -24,6 +24,7 @@ import re
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,17 +107,25 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return (run_dir / CHECKPOINTS / "checkpoint").is_file()
 
 
-def latest_run_dir(job: str, root: Path = Path("outputs")) -> Path | None:
-    """The newest run directory under `root` of the job `job` that holds a checkpoint."""
+def newest_folder(root: Path, name: str, wanted: Callable[[dict, Path], bool]) -> Path | None:
+    """The folder under `root` whose JSON file `name` is newest among those `wanted(record,
+    folder)` accepts; unreadable files are passed over."""
     found = []
-    for path in root.glob(f"**/{RUN_FILE}"):
+    for path in root.glob(f"**/{name}"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if record.get("job") == job and _has_checkpoint(path.parent):
+        if wanted(record, path.parent):
             found.append((path.stat().st_mtime, path.parent))
     return max(found)[1] if found else None
+
+
+def latest_run_dir(job: str, root: Path = Path("outputs")) -> Path | None:
+    """The newest run directory under `root` of the job `job` that holds a checkpoint."""
+    return newest_folder(
+        root, RUN_FILE, lambda record, folder: record.get("job") == job and _has_checkpoint(folder)
+    )
 
 
 def _checkpointed_step(run_dir: Path) -> int | None:

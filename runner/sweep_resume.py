@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.resume import RUN_FILE, ResumeError, locate
+from runner.resume import RUN_FILE, ResumeError, locate, newest_folder
 
 SWEEP_FILE = "sweep.json"
 ATTEMPTS = "attempts"
@@ -68,18 +68,13 @@ def read_sweep_file(sweep_dir: Path) -> dict:
 
 def _latest_sweep(task: list[str], root: Path = Path("outputs")) -> Path:
     """The newest sweep directory under `root`; of these overrides, when some are given."""
-    found = []
-    for path in root.glob(f"**/{SWEEP_FILE}"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not task or record.get("overrides") == task:
-            found.append((path.stat().st_mtime, path.parent))
-    if not found:
+    found = newest_folder(
+        root, SWEEP_FILE, lambda record, folder: not task or record.get("overrides") == task
+    )
+    if found is None:
         which = f" of the overrides '{' '.join(task)}'" if task else ""
         raise SystemExit(f"error: {KEY}=latest: no sweep{which} under {root}/ to resume")
-    return max(found)[1]
+    return found
 
 
 def resume_argv(argv: list[str]) -> list[str]:

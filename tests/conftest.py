@@ -34,6 +34,22 @@ TINY_DATA = ["data.batch_size=4", "data.train_samples=32", "data.val_samples=8"]
 TINY_TRAINER = ["trainer.max_steps=3", "trainer.progress=false"]
 
 
+# A transformer whose peak grows by about 0.6 MiB per example (128 tokens; measured without a
+# limit: 9.6 MiB at micro-batch 16, 37.2 at 64; 256 asks for about 145 MiB), so that under a
+# CPU BFC limit of 48 or 64 MB (TF_CPU_BFC_MEM_LIMIT_IN_MB) small micro-batches fit, 256 runs
+# out of memory, and the micro-batch that fits best is tens of examples.
+MEMORY_BOUND = [
+    "model.h=32",
+    "model.layers=1",
+    "model.heads=2",
+    "data.seq_len=128",
+    "data.vocab_size=64",
+    "data.train_samples=512",
+    "data.val_samples=8",
+    "trainer.progress=false",
+]
+
+
 def tiny_overrides(model: str = "transformer", store: str | None = None) -> list[str]:
     extra = [f"mlflow.tracking_uri={store}"] if store else []
     return TINY[model] + TINY_DATA + TINY_TRAINER + extra

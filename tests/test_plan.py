@@ -11,20 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.plan import PlanError, divisors, parse_bytes, probe
-from tests.conftest import REPO, run_cli, tiny_overrides
-
-# A transformer whose peak grows by about 1 MiB per example (128 tokens): under a 48 MiB
-# budget the micro-batch that fits is tens of examples, not 1 and not the effective batch.
-SIZES = [
-    "model.h=32",
-    "model.layers=1",
-    "model.heads=2",
-    "data.seq_len=128",
-    "data.vocab_size=64",
-    "data.train_samples=512",
-    "data.val_samples=8",
-    "trainer.progress=false",
-]
+from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
 
 
 def test_budgets_are_read_in_bytes_and_units():
@@ -86,7 +73,7 @@ def test_the_plan_predicts_what_the_run_estimates_and_names_the_cheapest_fit(sto
     """Every precision x checkpointing row, cheapest first; the first line names the cheapest
     row that fits; a row's prediction is the estimate the run itself logs at that micro-batch
     and accum; the next larger micro-batch would not have fit."""
-    overrides = [*SIZES, "model.layers=2", "trainer.effective_batch_size=64"]
+    overrides = [*MEMORY_BOUND, "model.layers=2", "trainer.effective_batch_size=64"]
     result = _plan([*overrides, "plan.budget=40MiB"])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = _rows(result.stdout)
@@ -171,7 +158,7 @@ def test_a_budget_below_the_fixed_part_is_one_line_without_probing(tmp_path):
 def test_plan_measure_probes_each_row_that_fits_and_shows_it_beside_the_prediction():
     result = _plan(
         [
-            *SIZES,
+            *MEMORY_BOUND,
             "model.layers=2",
             "trainer.effective_batch_size=64",
             "plan.budget=40MiB",
@@ -215,7 +202,7 @@ def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(
     env = {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(budget)}
     result = run_cli(
         [
-            *SIZES,
+            *MEMORY_BOUND,
             *technique,
             "accum=auto",
             "trainer.effective_batch_size=256",
@@ -246,7 +233,7 @@ def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(
     assert plan["probes"][-1]["peak_bytes"] <= budget * 2**20
     # ... and twice the micro-batch is not: checked by a probe of its own.
     monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", str(budget))
-    cfg = compose_config([*SIZES, *technique, f"mlflow.tracking_uri={store}"])
+    cfg = compose_config([*MEMORY_BOUND, *technique, f"mlflow.tracking_uri={store}"])
     # The techniques were held fixed while it searched.
     assert params["precision.name"] == ("bf16" if technique else "fp32")
     assert params["checkpointing.policy"] == ("blocks" if technique else "none")

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO, run_cli, tiny_overrides
+from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
 
 STEPS = 60
 
@@ -209,18 +209,13 @@ def test_a_reopened_run_logs_no_metric_at_a_step_it_already_has(tmp_path):
 @pytest.mark.slow
 def test_out_of_memory_fails_the_job_with_its_levers_and_a_smaller_micro_batch_then_fits(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    sizes = ["model.h=32", "model.layers=1", "model.heads=2", "data.seq_len=128"]
     result = run_cli(
         [
             "-m",
             "data.batch_size=256,4",  # 145 MiB asked for at 256; 4.4 MiB at 4
-            *sizes,
-            "data.vocab_size=64",
-            "data.train_samples=512",
-            "data.val_samples=8",
+            *MEMORY_BOUND,
             "trainer.max_steps=2",
             "trainer.checkpoint_every=1",
-            "trainer.progress=false",
             f"mlflow.tracking_uri={store}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],

@@ -18,21 +18,7 @@ from runner.resume import write_run_file
 from runner.sweep_resume import ATTEMPTS, SWEEP_FILE, plan_job, resume_argv, write_sweep_file
 from runner.track.compare import sweep_runs
 from runner.track.tracking import experiment_id
-from tests.conftest import REPO, run_cli, tiny_overrides
-
-# A transformer whose micro-batch of 256 needs about 145 MiB and of 4 to 12 under 12 MiB: under
-# TF_CPU_BFC_MEM_LIMIT_IN_MB=64 the job at 256 runs out of memory, the others fit.
-SIZES = [
-    "model.h=32",
-    "model.layers=1",
-    "model.heads=2",
-    "data.seq_len=128",
-    "data.vocab_size=64",
-    "data.train_samples=512",
-    "data.val_samples=8",
-    "trainer.progress=false",
-]
-
+from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
 
 # ---- what a relaunched sweep does with each job: real runs, real checkpoints ----------------
 
@@ -231,7 +217,7 @@ def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_pat
     args = [
         "-m",
         "data.batch_size=4,256,8,12",  # job 2 (256) runs out of memory under the limit
-        *SIZES,
+        *MEMORY_BOUND,
         f"trainer.max_steps={steps}",
         "trainer.checkpoint_every=10",
         f"mlflow.tracking_uri={store}",
@@ -299,7 +285,7 @@ def test_ctrl_c_stops_the_sweep_after_a_checkpoint_and_the_sweep_resumes(tmp_pat
     args = [
         "-m",
         "accum=1,2",
-        *SIZES,
+        *MEMORY_BOUND,
         "data.batch_size=4",
         "trainer.max_steps=400",
         "trainer.checkpoint_every=10",

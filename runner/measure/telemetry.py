@@ -139,16 +139,25 @@ class Memory:
         return self.peak_rss() - self.start_rss, "rss_delta"
 
 
-def _nvidia_smi_bytes(pid: int) -> int | None:
-    """GPU memory this process holds, per nvidia-smi (MiB), or None without nvidia-smi."""
+def nvidia_smi(query: str, timeout: float = 10) -> str | None:
+    """nvidia-smi's CSV answer (no header, no units) to `--query-<query>`, or None without
+    nvidia-smi or when it fails."""
     if shutil.which("nvidia-smi") is None:
         return None
     out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
         capture_output=True,
         text=True,
-        timeout=10,
-    ).stdout
+        timeout=timeout,
+    )
+    return out.stdout if out.returncode == 0 else None
+
+
+def _nvidia_smi_bytes(pid: int) -> int | None:
+    """GPU memory this process holds, per nvidia-smi (MiB), or None without nvidia-smi."""
+    out = nvidia_smi("compute-apps=pid,used_memory")
+    if out is None:
+        return None
     used = [
         int(m)
         for p, m in (line.split(",") for line in out.splitlines() if "," in line)
