@@ -65,7 +65,7 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     if received:
         from runner.track.sweep import stop
 
-        stop(cfg.mlflow.tracking_uri, Path(hydra_cfg.sweep.dir), received[0], hydra_cfg.job.num)
+        stop(cfg.mlflow.tracking_uri, received[0])
     if returncode != 0:  # the sweep goes on; the job's MLflow run holds the error
         print(
             f"tfmemlab: job {hydra_cfg.job.num} failed (exit {returncode}); its "
@@ -142,8 +142,7 @@ def main(cfg: DictConfig) -> None:
     except Interrupted as err:  # checkpointed, the run marked KILLED: the sweep stops too
         from runner.track.sweep import stop
 
-        hydra_cfg = HydraConfig.get()
-        stop(cfg.mlflow.tracking_uri, Path(hydra_cfg.sweep.dir), err.signum, hydra_cfg.job.num)
+        stop(cfg.mlflow.tracking_uri, err.signum)
     except Exception as err:  # recorded FAILED (with its `failure` tag): the sweep goes on
         from runner.track.tracking import failure_kind
 

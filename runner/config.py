@@ -413,8 +413,8 @@ def _validate_pruning(cfg: DictConfig) -> None:
         check_pruning_steps(p, cfg.trainer.max_steps)
 
 
-def _validate_accum(cfg: DictConfig) -> None:
-    from runner.plan import PlanError, parse_bytes
+def _validate_accum_and_plan(cfg: DictConfig) -> None:
+    from runner.plan import BYTES_ALLOWED, PlanError, parse_bytes
 
     accum = cfg.accum
     ok = accum == "auto" or (isinstance(accum, int) and not isinstance(accum, bool) and accum >= 1)
@@ -428,15 +428,13 @@ def _validate_accum(cfg: DictConfig) -> None:
     if cfg.plan.budget is not None:
         try:
             parse_bytes(cfg.plan.budget)
-        except PlanError as err:
-            raise ConfigError(
-                "plan.budget", cfg.plan.budget, str(err).split("expected ")[1]
-            ) from None
+        except PlanError:
+            raise ConfigError("plan.budget", cfg.plan.budget, BYTES_ALLOWED) from None
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
-    _validate_accum(cfg)
+    _validate_accum_and_plan(cfg)
     _check_choice(cfg, "precision.policy", POLICIES)
     _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
     _check_min(cfg, "checkpointing.every", 1)

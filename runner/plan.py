@@ -60,6 +60,9 @@ MEASURED = {
 }
 
 
+BYTES_ALLOWED = "bytes or a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 8GiB"
+
+
 class PlanError(ValueError):
     """The budget cannot be met or read; the message is one line."""
 
@@ -69,10 +72,7 @@ def parse_bytes(text, key: str = "plan.budget") -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     unit = match.group(2).upper() if match else ""
     if not match or (unit and unit not in UNITS):
-        raise PlanError(
-            f"{key}={text}: expected bytes or a number with a unit (B, KiB, MiB, GiB, TiB, KB, "
-            "MB, GB, TB), e.g. 8GiB"
-        )
+        raise PlanError(f"{key}={text}: expected {BYTES_ALLOWED}")
     return int(float(match.group(1)) * UNITS[unit or "B"])
 
 
@@ -143,23 +143,30 @@ def with_batch(cfg: DictConfig, b: int, accum: int, **more) -> DictConfig:
     return out
 
 
-def _device():
-    """(on a GPU, device name, whether XLA compiles the steps: a function of the model)."""
+def _device() -> tuple[bool, str]:
+    """(whether it trains on a GPU, the device's name as runner.device describes it)."""
     from runner import device
-    from runner.step import resolve_jit
 
     gpus = device.setup()
     dev = device.resolve("auto", gpus)
-    return dev.startswith("/GPU"), device.describe(dev, gpus), resolve_jit
+    return dev.startswith("/GPU"), device.describe(dev, gpus)
 
 
-def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, resolve_jit) -> tuple:
+def data_spec(cfg: DictConfig):
+    """What the job's data looks like to its model (shapes, classes), without a batch."""
+    from runner.config import IMAGE_MODELS
+    from runner.data import build_data
+
+    return build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
+
+
+def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     """(Line, hardware FLOPs of a step at the target batch) of cfg's precision, checkpointing
     and pruning, from the analytic estimate of the model as the run builds it."""
     import keras
 
     from runner.measure import estimate, report
-    from runner.step import build_optimizer
+    from runner.step import build_optimizer, resolve_jit
     from runner.techniques import checkpointing, precision
     from runner.train import build_model
 
@@ -186,10 +193,10 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, resolve_jit) -
     return line, hardware
 
 
-def _reference_flops(cfg, spec, on_gpu: bool, name: str, resolve_jit) -> float:
+def _reference_flops(cfg, spec, on_gpu: bool, name: str) -> float:
     """Hardware FLOPs of a step of fp32 with no checkpointing at the target batch."""
     reference = _job(cfg, "fp32", "none")
-    return estimate_line(reference, spec, on_gpu, name, resolve_jit)[1]
+    return estimate_line(reference, spec, on_gpu, name)[1]
 
 
 def _device_class(on_gpu: bool) -> str:
@@ -257,14 +264,13 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
     """One row per precision x checkpointing policy: at the target batch, the largest
     micro-batch predicted to fit, its accum, peak and step-time ratio to fp32/none. Returns
     (rows sorted cheapest first, the budget, where it came from, the usable bytes)."""
-    from runner.config import IMAGE_MODELS
-    from runner.data import build_data
+    from runner import step
 
-    on_gpu, name, resolve_jit = _device()
+    on_gpu, name = _device()
     total, source = budget(cfg, on_gpu)
     usable = total * (1 - cfg.plan.margin)
     effective = target_batch(cfg)
-    spec = build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
+    spec = data_spec(cfg)
     rows, base_flops = [], None
     for precision in cfg.plan.precisions:
         if not _supported(precision, on_gpu):
@@ -272,15 +278,15 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
         for policy in cfg.plan.policies:
             job = _job(cfg, precision, policy)
             try:
-                line, hardware = estimate_line(job, spec, on_gpu, name, resolve_jit)
+                line, hardware = estimate_line(job, spec, on_gpu, name)
             except ValueError as err:  # a policy the model cannot take (no block boundaries)
                 rows.append(
                     Row(precision, policy, None, None, None, False, math.inf, "-", note=str(err))
                 )
                 continue
             if base_flops is None:  # the time ratios' reference: fp32, no checkpointing
-                base_flops = _reference_flops(cfg, spec, on_gpu, name, resolve_jit)
-            jit = resolve_jit(job.trainer.jit_compile, job.model.name, on_gpu)
+                base_flops = _reference_flops(cfg, spec, on_gpu, name)
+            jit = step.resolve_jit(job.trainer.jit_compile, job.model.name, on_gpu)
             factor, time_from = time_factor(job, on_gpu, jit)
             b = line.largest_fit(effective, usable)
             k = effective // b if b else None
@@ -355,13 +361,10 @@ def _estimate_in_child(container: dict) -> dict:
     from runner import import_tensorflow_quietly
 
     import_tensorflow_quietly()
-    from runner.config import IMAGE_MODELS
-    from runner.data import build_data
-
     cfg = OmegaConf.create(container)
-    on_gpu, name, resolve_jit = _device()
-    spec = build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
-    line, _ = estimate_line(cfg, spec, on_gpu, name, resolve_jit)
+    on_gpu, name = _device()
+    spec = data_spec(cfg)
+    line, _ = estimate_line(cfg, spec, on_gpu, name)
     return asdict(line)
 
 

@@ -14,8 +14,8 @@ Target (issue 17): every prediction within 15% of its measurement, the median wi
 import statistics
 
 from runner.bench import table
-from runner.config import IMAGE_MODELS, compose_config
-from runner.plan import _device, estimate_line, mib, probe, with_batch
+from runner.config import compose_config
+from runner.plan import _device, data_spec, estimate_line, mib, probe
 
 MODELS = {
     "transformer": ["model=transformer", "model.h=128", "model.layers=4", "data.seq_len=128"],
@@ -30,9 +30,7 @@ def main(extra: list[str]) -> list[dict]:
     from runner import import_tensorflow_quietly
 
     import_tensorflow_quietly()
-    from runner.data import build_data
-
-    on_gpu, name, resolve_jit = _device()
+    on_gpu, name = _device()
     rows = []
     for model, overrides in MODELS.items():
         for precision in PRECISIONS:
@@ -40,8 +38,8 @@ def main(extra: list[str]) -> list[dict]:
                 cfg = compose_config(
                     [*overrides, f"precision={precision}", f"checkpointing={policy}", *extra]
                 )
-                spec = build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
-                line, _ = estimate_line(cfg, spec, on_gpu, name, resolve_jit)
+                spec = data_spec(cfg)
+                line, _ = estimate_line(cfg, spec, on_gpu, name)
                 for b in BATCHES:
                     measured = probe(cfg, b, 1)
                     predicted = line.peak(b, 1)

@@ -91,10 +91,14 @@ class SweepCallback(Callback):
         print(summary)
 
 
-def stop(uri: str, sweep_dir: Path, signum: int, job_num: int) -> None:
-    """The sweep's process got SIGTERM or SIGINT during job `job_num`, which has checkpointed
+def stop(uri: str, signum: int) -> None:
+    """The sweep's process got SIGTERM or SIGINT during the current job, which has checkpointed
     and stopped: mark the parent run KILLED, say how to go on, and exit with 128 + signum
     (the jobs after it do not start)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    sweep_dir, job_num = Path(hydra_cfg.sweep.dir), hydra_cfg.job.num
     parent_id = os.environ.pop(PARENT_ENV, None)
     if parent_id is not None:
         client = client_for(uri)
