@@ -143,7 +143,7 @@ def with_batch(cfg: DictConfig, b: int, accum: int, **more) -> DictConfig:
     return out
 
 
-def _device() -> tuple[bool, str]:
+def device_info() -> tuple[bool, str]:
     """(whether it trains on a GPU, the device's name as runner.device describes it)."""
     from runner import device
 
@@ -266,7 +266,7 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
     (rows sorted cheapest first, the budget, where it came from, the usable bytes)."""
     from runner import step
 
-    on_gpu, name = _device()
+    on_gpu, name = device_info()
     total, source = budget(cfg, on_gpu)
     usable = total * (1 - cfg.plan.margin)
     effective = target_batch(cfg)
@@ -362,7 +362,7 @@ def _estimate_in_child(container: dict) -> dict:
 
     import_tensorflow_quietly()
     cfg = OmegaConf.create(container)
-    on_gpu, name = _device()
+    on_gpu, name = device_info()
     spec = data_spec(cfg)
     line, _ = estimate_line(cfg, spec, on_gpu, name)
     return asdict(line)

@@ -15,7 +15,7 @@ import statistics
 
 from runner.bench import table
 from runner.config import compose_config
-from runner.plan import _device, data_spec, estimate_line, mib, probe
+from runner.plan import data_spec, device_info, estimate_line, mib, probe
 
 MODELS = {
     "transformer": ["model=transformer", "model.h=128", "model.layers=4", "data.seq_len=128"],
@@ -30,7 +30,7 @@ def main(extra: list[str]) -> list[dict]:
     from runner import import_tensorflow_quietly
 
     import_tensorflow_quietly()
-    on_gpu, name = _device()
+    on_gpu, name = device_info()
     rows = []
     for model, overrides in MODELS.items():
         for precision in PRECISIONS:
