@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from models.spec import DataSpec  # noqa: E402
 from runner.measure import estimate  # noqa: E402
 from runner.step import build_optimizer  # noqa: E402
-from runner.techniques import precision  # noqa: E402
+from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.train import build_model  # noqa: E402
 from tests.conftest import compose_config, tiny_overrides  # noqa: E402
 
@@ -240,10 +240,8 @@ def test_mfu(args, expected):
     assert (math.isnan(value) and math.isnan(expected)) or value == expected
 
 
-def test_workspace_is_one_layer_under_xla_and_the_largest_float32_temporary_without():
+def test_workspace_without_xla_is_the_largest_float32_temporary():
     model, opt, cfg, spec = built("transformer", "model.layers=3")
-    xla = estimate.estimate_memory(model, opt, cfg, spec, True)["workspace"]
-    assert xla == estimate.transformer_layer_bytes(8, 4, 16, 2, 4, 0.0)
     # s=8, b=4, h=16, a=2: the MLP's 16sbh = 8192 bytes beat the scores' 5as^2b = 2560.
     assert estimate.estimate_memory(model, opt, cfg, spec)["workspace"] == 16 * 512
     bf16 = built("transformer", "model.layers=3", "precision=bf16")
@@ -269,14 +267,76 @@ def test_workspace_is_one_layer_under_xla_and_the_largest_float32_temporary_with
             assert estimate.estimate_memory(*heads)["workspace"] == expected
 
 
-def test_cpu_xla_counts_activations_as_xla_keeps_them_on_a_cpu():
-    fp32_xla = estimate.estimate_memory(*built("transformer"), True)
-    fp32 = estimate.estimate_memory(*built("transformer"))
-    head = 4 * 8 * 16 * 4  # one float32 copy of the logits
-    assert fp32_xla["activations"] == fp32["activations"] + head  # XLA's calibration: two
-    bf16 = estimate.estimate_memory(*built("transformer", "precision=bf16"), True)
-    assert bf16["activations"] == fp32_xla["activations"]  # computed and kept in float32
-    fp16_cpu_xla = estimate.estimate_memory(*built("transformer", "precision=mixed"), True)
-    body = fp16_cpu_xla["activations"] - 2 * head
-    assert body == 6 / 4 * (fp32_xla["activations"] - 2 * head)  # 2 + 4 bytes per element
-    assert fp16_cpu_xla["workspace"] == 6 / 4 * fp32_xla["workspace"]
+def xla(*extra, spec=TOKENS):
+    """The estimate of the tiny transformer compiled by XLA for a CPU."""
+    model, optimizer, cfg, _ = built("transformer", *extra)
+    return estimate.estimate_memory(model, optimizer, cfg, spec, True)
+
+
+# runner/measure/xla_memory.py written out for s=8, b=4, h=16, a=2 (sbh = as^2b = 512): a layer
+# keeps (16 + 4) x 512 + 512 elements of 4 bytes = 43008, embedding and final norm 2 x 512 x 4.
+XLA_LAYER, XLA_EDGES = 43008, 4096
+
+
+def test_under_xla_a_cpu_keeps_what_its_memory_plan_holds():
+    none = xla("model.layers=2")
+    assert none["activations"] == 2 * XLA_LAYER + XLA_EDGES
+    # Inside a layer's backward: 6sbh float32; at the loss: logits and their gradient
+    # (2 x 4*8*16*4 = 4096) and 3sbh float32 (6144). The layer's moment is the larger.
+    assert none["workspace"] == 6 * 512 * 4
+    blocks = xla("model.layers=2", "checkpointing=blocks")
+    assert blocks["activations"] == 2 * 512 * 4 + XLA_LAYER + XLA_EDGES  # inputs + one rebuilt
+    assert blocks["workspace"] == 5 * 512 * 4
+    # A vocabulary of 256: logits of 4*8*256*4 = 32768 bytes make the loss the peak's moment.
+    big = DataSpec("tokens", (8,), 256, per_token=True, vocab_size=256)
+    loss = xla("model.layers=2", "data.vocab_size=256", spec=big)
+    assert loss["workspace"] == 2 * 32768 + 3 * 512 * 4
+    rebuilt = xla("model.layers=2", "data.vocab_size=256", "checkpointing=blocks", spec=big)
+    assert rebuilt["workspace"] == 2 * 32768 + 3 * 512 * 4 - XLA_LAYER  # the layer is not rebuilt
+    # 16-bit policies are computed and kept in float32 there; float16 keeps copies of both.
+    assert xla("model.layers=2", "precision=bf16")["activations"] == none["activations"]
+    fp16 = xla("model.layers=2", "precision=mixed")["activations"]
+    assert fp16 == 6 / 4 * none["activations"]
+
+
+def test_under_xla_only_float32_updates_free_gradients_as_they_come():
+    # One layer: its MLP's two kernels (16 x 64 floats each) are the largest variables, and
+    # the third is smaller, so one kernel or three variables would give another sum.
+    model, *_ = built("transformer")
+    sizes = sorted((math.prod(v.shape) * 4 for v in model.trainable_variables), reverse=True)
+    assert sizes[:3] == [4096, 4096, 1024]
+    assert xla()["gradients"] == 8192
+    assert xla("precision=bf16")["gradients"] == sum(sizes)
+    assert estimate.estimate_memory(*built("transformer"))["gradients"] == sum(sizes)
+
+
+def two_block_cnn():
+    """stem -> block_1 (expand 4->8, BatchNorm, ReLU, project 8->4) -> block_2 (the same) ->
+    pooling -> head, on 8x8 images: 64 positions, so a tensor of c channels has 64c elements."""
+    x = keras.Input((8, 8, 3))
+    y = keras.layers.Conv2D(4, 1, name="stem")(x)
+    for n in (1, 2):
+        y = keras.layers.Conv2D(8, 1, name=f"block_{n}_expand")(y)
+        y = keras.layers.BatchNormalization(name=f"block_{n}_expand_BN")(y)
+        y = keras.layers.ReLU(name=f"block_{n}_relu")(y)
+        y = keras.layers.Conv2D(4, 1, name=f"block_{n}_project")(y)
+    y = keras.layers.GlobalAveragePooling2D(name="pool")(y)
+    return keras.Model(x, keras.layers.Dense(10, name="head")(y))
+
+
+@pytest.mark.parametrize("name, expected", [("fp32", 1024 * 4), ("bf16", 512 * 2 + 1024 * 4)])
+def test_a_rebuilt_cnn_segment_peaks_with_an_output_and_an_input_gradient(name, expected):
+    # Inside a rebuilt block, the largest pair is the BatchNorm's or the ReLU's: 512-element
+    # output gradient beside a 512-element input gradient (the convolutions' pairs are 512
+    # and 256). Under bfloat16 the BatchNorm computes both in float32 beside its 16-bit one.
+    cfg = compose_config(
+        [*tiny_overrides("mobilenet"), f"precision={name}", "checkpointing=blocks"]
+    )
+    with precision.policy(cfg):
+        model = two_block_cnn()
+        _, remat = checkpointing.apply(model, "blocks", 1)
+        optimizer = build_optimizer(cfg)
+        optimizer.build(model.trainable_variables)
+    assert remat.segments == 2
+    workspace = estimate.estimate_memory(model, optimizer, cfg, IMAGES, False, remat)["workspace"]
+    assert workspace == expected * cfg.data.batch_size

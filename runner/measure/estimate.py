@@ -12,7 +12,7 @@ import re
 import keras
 import tensorflow as tf
 
-from runner.measure import cpu_peak, layers
+from runner.measure import cpu_peak, layers, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo, segment_length
 
@@ -89,11 +89,9 @@ def attention_core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
     return ass * p + ((ass + ass * p) if dropout > 0 else 0)
 
 
-def _transformer_workspace(s, b, h, a, p, dropout, cpu_xla, layer) -> int:
-    """Bytes alive beside the kept activations at the peak: temporaries, gradients.
-
-    Under XLA (fused): one layer's worth of activation gradients. Without XLA, the larger of
-    two transients, both **fitted** to measured BFC peaks (this CPU, 4 runs of 18 jobs at
+def _transformer_workspace(s, b, h, a, p, dropout) -> int:
+    """Bytes alive beside the kept activations at the peak without XLA: the larger of two
+    transients, both **fitted** to measured BFC peaks (this CPU, 4 runs of 18 jobs at
     s=256, b=8, h=32, 4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective;
     checked at an MLP-bound size, h=128 at 128 tokens, and at s=512, b=2):
     - attention: the softmax's float32 temporaries and the gradients of the probabilities,
@@ -103,8 +101,6 @@ def _transformer_workspace(s, b, h, a, p, dropout, cpu_xla, layer) -> int:
     The attention core's backward runs in a fixed order (models/memory_limited.py): left to
     the executor, the same job's peak moved by up to 25% from one run to the next.
     """
-    if cpu_xla:
-        return layer
     sbh, ass = s * b * h, a * s * s * b
     if p == 4:
         per_score = 3.6 if dropout > 0 else 3.2
@@ -114,12 +110,10 @@ def _transformer_workspace(s, b, h, a, p, dropout, cpu_xla, layer) -> int:
     return int(max(per_score * ass, mlp))
 
 
-def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int]:
-    """(activations kept for backward, workspace; see _transformer_workspace)."""
+def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
+    """(activations kept for backward, workspace; see _transformer_workspace), without XLA."""
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     policy = cfg.checkpointing.policy
-    if policy not in CHECKPOINTING:
-        raise ValueError(f"checkpointing.policy={policy}: expected one of {CHECKPOINTING}")
     layer = transformer_layer_bytes(s, b, m.h, m.heads, p, m.dropout)
     if policy == "none":
         body = m.layers * layer
@@ -135,10 +129,9 @@ def _transformer_activations(cfg, spec, p: int, cpu_xla: bool) -> tuple[int, int
         body = math.ceil(m.layers / k) * s * b * m.h * p + min(k, m.layers) * layer
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
     # Head: the float32 gradient the cross-entropy computes with its loss and keeps (measured:
-    # 1.00x the logits; the logits themselves are not kept). XLA's figures were calibrated
-    # with a second copy, the logits (issue 13), and keep it.
-    head = (2 if cpu_xla else 1) * b * (s if spec.per_token else 1) * spec.num_classes * 4
-    workspace = _transformer_workspace(s, b, m.h, m.heads, p, m.dropout, cpu_xla, layer)
+    # 1.00x the logits; the logits themselves are not kept).
+    head = b * (s if spec.per_token else 1) * spec.num_classes * 4
+    workspace = _transformer_workspace(s, b, m.h, m.heads, p, m.dropout)
     return body + edges + head, workspace
 
 
@@ -148,7 +141,8 @@ def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, in
     An output is kept when its own gradient or a consumer's reads it (runner/measure/layers.py: a
     BatchNorm output read only by a ReLU is not; counting every output overstated MobileNetV2
     by ~1.5x, issue 14). XLA fuses further. With checkpointing, a segment keeps only its
-    output, and the largest segment's activations are rebuilt at a time in backprop.
+    output, and one segment's activations are rebuilt at a time in backprop: the peak is in
+    the segment whose activations and largest gradient pair (_gradient_pairs) hold the most.
     """
     sizes = {
         op.name: sum(math.prod(out.shape[1:]) for out in keras.tree.flatten(op.output)) * b * p
@@ -172,8 +166,38 @@ def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, in
     # segments start at a convolution's output, which a 16-bit norm would not have kept).
     ends = set(remat.segment_outputs) | set(remat.segment_inputs)
     kept += sum(sizes[name] for name in ends if name not in held or name in inside)
-    rebuilt = max(sum(held.get(name, 0) for name in ops) for ops in remat.segment_ops)
+    # The peak is inside a rebuilt segment's backward: its activations, and an operation's
+    # output gradient beside its input gradient (_gradient_pair).
+    pairs = _gradient_pairs(model, b, p)
+    rebuilt, workspace = max(
+        ((sum(held.get(name, 0) for name in ops), max(pairs.get(name, 0) for name in ops))
+         for ops in remat.segment_ops),
+        key=sum,
+    )  # fmt: skip
     return kept + rebuilt, workspace
+
+
+def _gradient_pairs(model, b: int, p: int) -> dict[str, int]:
+    """Per operation with one input, the bytes of its output gradient and its input gradient,
+    alive together in its backward step; a 16-bit norm computes both in float32 (beside its
+    16-bit output gradient). Measured on MobileNetV2 without XLA (96 and 128 px, float32 and
+    bfloat16, micro-batch 8-32, issue 17): counting one output gradient instead, `blocks` read
+    0.57-1.06x of the measured peak, with the pair 0.81-1.19x. The measured peak grows faster
+    than linearly in the micro-batch there (96 px, float32: 4.5 MiB per example from 8 to 16,
+    9 from 32 to 48), which no per-example count follows.
+    """
+    pairs = {}
+    for op in model.operations:
+        inputs = keras.tree.flatten(getattr(op, "input", []))
+        if isinstance(op, keras.layers.InputLayer) or len(inputs) != 1:
+            continue  # an addition passes its output gradient on, allocating none
+        out = sum(math.prod(t.shape[1:]) for t in keras.tree.flatten(op.output)) * b
+        into = math.prod(inputs[0].shape[1:]) * b
+        if p == 2 and layers.kind(op) in layers.NORMS:
+            pairs[op.name] = out * p + (out + into) * 4
+        else:
+            pairs[op.name] = (out + into) * p
+    return pairs
 
 
 def estimate_memory(
@@ -186,8 +210,15 @@ def estimate_memory(
     """
     trainable = model.trainable_variables
     p = _activation_bytes(cfg, cpu_xla)
-    if cfg.model.name == "transformer":
-        activations, workspace = _transformer_activations(cfg, spec, p, cpu_xla)
+    if cfg.checkpointing.policy not in CHECKPOINTING:
+        raise ValueError(
+            f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
+        )
+    transformer_xla = cpu_xla and cfg.model.name == "transformer"
+    if transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
+        activations, workspace = xla_memory.transformer_activations(cfg, spec, p)
+    elif cfg.model.name == "transformer":
+        activations, workspace = _transformer_activations(cfg, spec, p)
     else:
         activations, workspace = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo()
@@ -196,7 +227,11 @@ def estimate_memory(
     kernels = pruning.select_kernels(model, cfg) if cfg.pruning.schedule != "none" else []
     parts = {
         "params": _nbytes(model.weights),
-        "gradients": _float32_bytes(trainable),
+        "gradients": (
+            xla_memory.gradient_bytes(trainable, cfg.precision.policy)
+            if transformer_xla
+            else _float32_bytes(trainable)
+        ),
         # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
         # whose variables include the inner optimizer's) is counted as it is.
         "optimizer": _nbytes(optimizer.variables),

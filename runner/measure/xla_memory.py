@@ -1,0 +1,88 @@
+"""What a training step compiled by XLA for a CPU keeps at its peak (TF 2.21), for the estimate.
+
+XLA plans a compiled step's memory before running it: `XLA_FLAGS=--xla_dump_to=DIR` writes the
+plan (`*buffer-assignment.txt`, "Total bytes used"). In 62 jobs of the transformer the plan was
+the allocator's measured peak to within 0.8 MiB (2.6 MiB with a vocabulary of 2048). The
+figures below are fitted to those plans (issue 17): the slope between micro-batch 8 and 16,
+and what stays at micro-batch 0, over h 48-256, 64-256 tokens, 2-9 layers, 4-8 heads,
+vocabularies of 32-2048, dropout 0 and 0.1, and checkpointing none, selective, blocks and sqrt.
+Against measured peaks at micro-batch 8-32 in 28 other jobs (accum 2 among them) the estimate
+read 0.93-1.00x, median 0.99x. They are measured, not derived: XLA's fusions decide what it
+keeps. CNNs under XLA (not the default on a CPU) are not fitted.
+
+- Each layer keeps Korthikanti et al.'s 16sbh + as^2b elements and 4sbh more. Dropout's masks
+  are kept as float32, not as bytes; under recomputation every layer keeps its attention mask
+  (it depends on the seed, not on the layer's input, so it is not recomputed).
+- Backprop peaks at one of two moments, whichever holds more: at the loss, with the float32
+  logits and their gradient and 3sbh float32 besides; or inside a layer's backward (the
+  rebuilt segment's, under checkpointing): in its MLP, with 6sbh float32 of gradients besides
+  the kept activations (5sbh when the layer was rebuilt); or in its attention, where the
+  MLP's activations are freed and the scores' gradients are alive (many heads, long
+  sequences).
+- Gradients: XLA applies each variable's update as soon as its gradient is ready, so under
+  float32 only about the two largest variables' gradients are alive at once (measured 0.08-0.39
+  of all gradients; the two largest: an MLP's two kernels, or the embedding and the output
+  layer). Under 16-bit policies, 0.9-1.0 (bfloat16) and 1.5-2.0 (float16) of all gradients
+  were alive beyond the weights and slots: they are counted in full. 16-bit policies read
+  1.01-1.06x (bfloat16) and 0.90-1.08x (float16) of XLA's plan.
+"""
+
+import math
+
+from runner.techniques.checkpointing import segment_length
+
+EXTRA_PER_LAYER = 4  # sbh elements a layer keeps beyond the paper's 16sbh
+LAYER_GRADIENTS = {"none": 6, "rebuilt": 5}  # sbh float32 beside the kept activations
+LOSS_GRADIENTS = 3  # sbh float32 beside the logits and their gradient
+# In the attention's backward the MLP's activations (9sbh in the paper, and the 4sbh more) are
+# freed, and the scores' gradients are alive: as^2b float32 x 1.14 (fitted, 8 heads, 256 tokens).
+SCORE_GRADIENTS = 1.14
+MLP_KEPT = 9 + EXTRA_PER_LAYER
+
+
+def layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float) -> int:
+    """Activations a transformer layer keeps for backward under XLA on a CPU."""
+    sbh, ass = s * b * h, a * s * s * b
+    total = (16 + EXTRA_PER_LAYER) * sbh * p + ass * p
+    if dropout > 0:  # the two sbh masks and the attention mask as float32, and its output
+        total += (2 * sbh + ass) * 4 + ass * p
+    return total
+
+
+def core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
+    """What checkpointing=selective rebuilds of a layer: the softmax output (and dropout's)."""
+    ass = a * s * s * b
+    return ass * p * (2 if dropout > 0 else 1)
+
+
+def transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
+    """(activations kept, workspace at the peak) of the transformer under XLA on a CPU."""
+    s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
+    sbh, ass = s * b * m.h, m.heads * s * s * b
+    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout)
+    policy = cfg.checkpointing.policy
+    if policy == "none":
+        kept, rebuilt = m.layers * layer, 0
+    elif policy == "selective":
+        rebuilt = core_bytes(s, b, m.heads, p, m.dropout)
+        kept = m.layers * (layer - rebuilt) + rebuilt
+    else:  # each segment of k layers keeps its input; one segment is rebuilt at a time
+        k = segment_length(policy, m.layers, cfg.checkpointing.every)
+        masks = m.layers * ass * 4 if m.dropout > 0 else 0
+        rebuilt = min(k, m.layers) * layer
+        kept = math.ceil(m.layers / k) * sbh * p + masks + rebuilt
+    edges = 2 * sbh * p  # embedding output and final LayerNorm output
+    logits = b * (s if spec.per_token else 1) * spec.num_classes * 4
+    at_loss = 2 * logits + LOSS_GRADIENTS * sbh * 4
+    in_layer = max(  # in the layer's MLP, or in its attention
+        LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4,
+        int(SCORE_GRADIENTS * ass * 4) - MLP_KEPT * sbh * p,
+    )
+    # At the loss, no segment is rebuilt yet: what it needs beyond the rebuilt activations.
+    return kept + edges, max(in_layer, at_loss - rebuilt)
+
+
+def gradient_bytes(trainable, policy: str) -> int:
+    """Float32 gradients alive at the peak: the two largest under float32, all otherwise."""
+    sizes = sorted((math.prod(v.shape) * 4 for v in trainable), reverse=True)
+    return sum(sizes[:2]) if policy == "float32" else sum(sizes)
