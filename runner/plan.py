@@ -51,6 +51,7 @@ PROBE_STEPS = 3
 # this project's 2-core Xeon CPU with AVX512_BF16/AMX, one process per job; float16 is
 # emulated on a CPU. No GPU figure was measured (no GPU here): on a GPU the FLOPs alone are
 # used, which ignores tensor cores' 16-bit speed-up.
+UNMEASURED = "FLOPs only"  # time_from of a precision whose step-time ratio was not measured
 MEASURED = {
     # bench precision_accum: MobileNetV2 96x96, batch 8, no XLA (README, Config groups).
     ("cpu", "bf16", "cnn", False): (1.26, "bench precision_accum, CPU, MobileNetV2"),
@@ -210,7 +211,7 @@ def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:
     family = "transformer" if cfg.model.name == "transformer" else "cnn"
     found = MEASURED.get((_device_class(on_gpu), cfg.precision.name, family, jit))
     if found is None:
-        return 1.0, "FLOPs only (no step time measured here for this precision)"
+        return 1.0, f"{UNMEASURED} (no step time measured here for this precision)"
     ratio, where = found
     return ratio, f"FLOPs x {ratio:g} measured ({where})"
 
@@ -260,6 +261,20 @@ class Row:
         )
 
 
+def _cheapest_first(row: Row) -> tuple:
+    """Rows that fit, by predicted time; at equal times a time that is fp32's or measured
+    before a guess (a precision with no measured ratio), then fewer accumulation steps (FLOPs
+    do not see that small micro-batches use a device less well), then the lower peak."""
+    guessed = row.time_from.startswith(UNMEASURED)
+    return (
+        not row.fits,
+        row.time_ratio,
+        guessed,
+        row.accum or math.inf,
+        row.predicted_MiB or math.inf,
+    )
+
+
 def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
     """One row per precision x checkpointing policy: at the target batch, the largest
     micro-batch predicted to fit, its accum, peak and step-time ratio to fp32/none. Returns
@@ -303,7 +318,7 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
                     time_from,
                 )
             )
-    rows.sort(key=lambda r: (not r.fits, r.time_ratio, r.predicted_MiB or math.inf))
+    rows.sort(key=_cheapest_first)
     return rows, total, source, usable
 
 
