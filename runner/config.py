@@ -20,6 +20,7 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every", "selective")
+STRATEGIES = ("none", "mirrored", "multi_worker")  # distribution.strategy
 PRECISION_NAMES = ("fp32", "mixed", "bf16")  # conf/precision/*.yaml
 PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
 JIT_CHOICES = ("auto", "true", "false")
@@ -92,6 +93,15 @@ class PruningConfig:
     n: int = 4
     include: list[str] = field(default_factory=list)  # regexes on variable paths; []: default
     exclude: list[str] = field(default_factory=list)  # regexes on variable paths to leave dense
+
+
+@dataclass
+class DistributionConfig:
+    """How many replicas train the job (runner/techniques/distribution.py, issue 18)."""
+
+    strategy: str = "none"  # none | mirrored | multi_worker
+    devices: list[str] | None = None  # mirrored: the devices; null: every GPU, else every CPU
+    logical_cpus: int = 0  # >= 2: split the CPU into that many logical devices (no GPU needed)
 
 
 @dataclass
@@ -195,6 +205,7 @@ class Config:
     precision: PrecisionConfig = MISSING
     checkpointing: CheckpointingConfig = MISSING
     pruning: PruningConfig = MISSING
+    distribution: DistributionConfig = MISSING
     data: Any = MISSING
     trainer: TrainerConfig = MISSING
     accum: Any = 1  # an integer >= 1, or auto (runner/plan.py)
@@ -233,6 +244,7 @@ def register_configs() -> None:
         ("precision", "base_precision", PrecisionConfig),
         ("checkpointing", "base_checkpointing", CheckpointingConfig),
         ("pruning", "base_pruning", PruningConfig),
+        ("distribution", "base_distribution", DistributionConfig),
         ("data", "base_synthetic", SyntheticDataConfig),
         ("data", "base_digits", DigitsDataConfig),
         ("data", "base_image_folder", ImageFolderDataConfig),
@@ -432,6 +444,41 @@ def _validate_accum_and_plan(cfg: DictConfig) -> None:
             raise ConfigError("plan.budget", cfg.plan.budget, BYTES_ALLOWED) from None
 
 
+def _validate_distribution(cfg: DictConfig) -> None:
+    d = cfg.distribution
+    _check_choice(cfg, "distribution.strategy", STRATEGIES)
+    if d.logical_cpus != 0:
+        ok = d.logical_cpus >= 2 and d.strategy == "mirrored"
+        _require(
+            ok,
+            "distribution.logical_cpus",
+            d.logical_cpus,
+            "0, or an integer >= 2 with distribution=mirrored",
+        )
+    if d.devices is not None:
+        ok = d.strategy == "mirrored" and len(d.devices) >= 1
+        ok = ok and all(re.fullmatch(r"/?(CPU|GPU):\d+", str(x)) for x in d.devices)
+        _require(
+            ok,
+            "distribution.devices",
+            list(d.devices),
+            "null, or a list like [/GPU:0,/GPU:1] with distribution=mirrored",
+        )
+    if d.strategy != "none":  # both measure one device's job in one process
+        _require(
+            cfg.accum != "auto",
+            "accum",
+            cfg.accum,
+            "an integer >= 1 with distribution.strategy=" + d.strategy,
+        )
+        _require(
+            not cfg.profile.layers,
+            "profile.layers",
+            cfg.profile.layers,
+            "false with distribution.strategy=" + d.strategy,
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
     _validate_accum_and_plan(cfg)
@@ -439,6 +486,7 @@ def validate(cfg: DictConfig) -> None:
     _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
     _check_min(cfg, "checkpointing.every", 1)
     _validate_pruning(cfg)
+    _validate_distribution(cfg)
     _validate_model(cfg)
     _validate_data(cfg)
     _validate_trainer(cfg)

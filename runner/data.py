@@ -160,16 +160,20 @@ def image_folder(cfg: DictConfig, image_model: bool, seed: int) -> Source:
 SOURCES = {"synthetic": synthetic, "digits": digits, "image_folder": image_folder}
 
 
-def build_data(cfg: DictConfig, image_model: bool) -> Data:
+def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1) -> Data:
     """The training and validation pipelines for `cfg.data`; an epoch is `steps_per_epoch`
-    optimizer steps of `cfg.accum` micro-batches each."""
-    seed, batch, accum = cfg.trainer.seed, cfg.data.batch_size, cfg.accum
+    optimizer steps of `cfg.accum` micro-batches each. With `replicas` > 1 the training
+    micro-batches are global, data.batch_size x replicas (runner/techniques/distribution.py
+    gives each replica its part)."""
+    seed, accum = cfg.trainer.seed, cfg.accum
+    batch = cfg.data.batch_size * replicas
     source = SOURCES[cfg.data.name](cfg, image_model, seed)
     steps_per_epoch = source.train_size // (batch * accum)
     if steps_per_epoch < 1:
+        over = f" x {replicas} replicas" if replicas > 1 else ""
         raise ValueError(
-            f"data.batch_size={batch} x accum={accum} needs {batch * accum} training examples, "
-            f"data={cfg.data.name} has {source.train_size}"
+            f"data.batch_size={cfg.data.batch_size} x accum={accum}{over} needs "
+            f"{batch * accum} training examples, data={cfg.data.name} has {source.train_size}"
         )
     buffer = min(cfg.data.shuffle_buffer, source.train_size)
     train = (
@@ -179,7 +183,6 @@ def build_data(cfg: DictConfig, image_model: bool) -> Data:
         .batch(batch, drop_remainder=True)
         .prefetch(AUTOTUNE)
     )
-    val = (
-        source.val.map(source.prepare, num_parallel_calls=AUTOTUNE).batch(batch).prefetch(AUTOTUNE)
-    )
+    val = source.val.map(source.prepare, num_parallel_calls=AUTOTUNE)
+    val = val.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
     return Data(train, val, source.spec, source.train_size, steps_per_epoch)

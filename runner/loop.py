@@ -30,6 +30,8 @@ class History:
     evals: list[tuple[int, dict]] = field(default_factory=list)
     current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
     step_peaks: list[int] = field(default_factory=list)  # allocator peak during each step
+    # each local replica's allocator peak during each step (GPUs: one per replica)
+    replica_peaks: list[list[int]] = field(default_factory=list)
     skipped_steps: int = 0  # updates skipped for non-finite gradients (float16 loss scaling)
     first_step: int = 1  # the optimizer step of losses[0]: after a resume, the one after it
 
@@ -46,6 +48,12 @@ class History:
         """Training steps after the first, evaluation excluded; a 1-step run has only its
         first step to report."""
         return max(self.step_peaks[1:] or self.step_peaks)
+
+    @property
+    def steady_replica_peaks(self) -> list[int]:
+        """steady_peak of each local replica's allocator."""
+        steady = self.replica_peaks[1:] or self.replica_peaks
+        return [max(column) for column in zip(*steady, strict=True)]
 
 
 def evaluate(eval_step, data: Data, max_batches: int | None) -> dict[str, float]:
@@ -113,7 +121,8 @@ def train(
             history.compute_s.append(time.perf_counter() - start - wait[0])
             history.losses.append(loss)
             history.skipped_steps += not bool(finite)
-            history.step_peaks.append(mem.peak())
+            history.replica_peaks.append(mem.peaks())
+            history.step_peaks.append(max(history.replica_peaks[-1]))
             history.current_bytes.append(mem.current())
             metrics = {
                 "train/loss": loss,

@@ -36,9 +36,14 @@ def resolve_jit(flag: str, model_name: str, on_gpu: bool) -> bool:
     return flag == "true"
 
 
-def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, after_update=None):
+def make_train_step(
+    model, optimizer, loss_fn, accum: int, jit_compile: bool, after_update=None, strategy=None
+):
     """train_step(batches) -> (mean loss, finite): one optimizer step on the next `accum`
     (inputs, targets) micro-batches drawn from the iterator `batches`.
+
+    strategy: a tf.distribute strategy (runner/techniques/distribution.py), whose replicas
+    each take their part of every micro-batch: make_replicated_step.
 
     after_update: optional callable traced in right after optimizer.apply (pruning's
     Pruner.after_update, which reads optimizer.iterations). It runs once per optimizer step,
@@ -46,13 +51,23 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
     it finds the weights and optimizer.iterations unchanged."""
     variables = model.trainable_variables
     scale_loss = getattr(optimizer, "scale_loss", lambda loss: loss)
+    # Keras's optimizer sums the replicas' gradients (all-reduce): each replica's share is
+    # 1/replicas of the mean, as each micro-batch's is 1/accum.
+    parts = accum * (strategy.num_replicas_in_sync if strategy is not None else 1)
+
+    def mean_loss(y, logits):
+        if strategy is None:
+            return loss_fn(y, logits)
+        # Under tf.distribute Keras divides a mean loss by the replicas (keras losses/loss.py,
+        # scale_loss_for_distribution); here the replicas' share is taken below, explicitly.
+        return tf.reduce_mean(loss_fn.call(y, tf.cast(logits, tf.float32)))
 
     def gradients(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            loss = mean_loss(y, model(x, training=True))
             # Each micro-batch contributes 1/accum of the mean gradient (exact for powers of
             # two): the accumulated sum is the mean, with no divided copy of it afterwards.
-            scaled = scale_loss(loss / accum if accum > 1 else loss)
+            scaled = scale_loss(loss / parts if parts > 1 else loss)
         return loss, tape.gradient(scaled, variables)
 
     def update(grads):
@@ -64,6 +79,9 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
         if after_update is not None:
             after_update()
         return finite
+
+    if strategy is not None:
+        return make_replicated_step(strategy, gradients, update, variables, accum, jit_compile)
 
     if accum == 1:
 
@@ -115,6 +133,72 @@ def make_train_step(model, optimizer, loss_fn, accum: int, jit_compile: bool, af
     def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
         losses = [add_micro_batch(*next(batches), first) for first in firsts]
         return apply_sum(losses)
+
+    return train_step
+
+
+def make_replicated_step(strategy, gradients, update, variables, accum: int, jit_compile: bool):
+    """The train step under a tf.distribute strategy: each replica's forward and backward
+    compiled (XLA when asked), the update outside XLA (Keras's optimizer all-reduces the
+    gradients with a cross-replica merge, which XLA does not compile), the loss averaged
+    over replicas. With accum > 1 each replica adds its micro-batches' gradients to its own
+    float32 sums (ON_READ variables: no communication until the update), as on one device."""
+    replica_gradients = tf.function(gradients, jit_compile=jit_compile)
+
+    def mean(per_replica):
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    def replica_update(grads):  # ReduceOp has SUM and MEAN only: count the non-finite
+        return tf.cast(tf.logical_not(update(grads)), tf.int32)
+
+    def all_finite(per_replica_bad):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_bad, axis=None) == 0
+
+    if accum == 1:
+
+        @tf.function
+        def step(x, y):
+            def replica(x, y):
+                loss, grads = replica_gradients(x, y)
+                return loss, replica_update(grads)
+
+            loss, finite = strategy.run(replica, args=(x, y))
+            return mean(loss), all_finite(finite)
+
+        return lambda batches: step(*next(batches))
+
+    with strategy.scope():
+        sums = [
+            tf.Variable(
+                tf.zeros(v.shape, tf.float32),
+                trainable=False,
+                name="accum_sum",
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+            )
+            for v in variables
+        ]
+
+    @tf.function
+    def add_micro_batch(x, y, first):
+        def replica(x, y):
+            loss, grads = replica_gradients(x, y)
+            for s, g in zip(sums, grads, strict=True):
+                s.assign(tf.convert_to_tensor(g) if first else s + tf.convert_to_tensor(g))
+            return loss
+
+        return mean(strategy.run(replica, args=(x, y)))
+
+    @tf.function
+    def apply_sum(losses):
+        # In a replica's context an ON_READ variable reads that replica's own sum.
+        bad = strategy.run(lambda: replica_update([s.read_value() for s in sums]))
+        return tf.add_n(losses) / accum, all_finite(bad)
+
+    firsts = [i == 0 for i in range(accum)]  # Python: each position traces its own graph
+
+    def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
+        return apply_sum([add_micro_batch(*next(batches), first) for first in firsts])
 
     return train_step
 

@@ -4,6 +4,7 @@ seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> opt
 train loop -> evaluate -> report.
 """
 
+import contextlib
 import importlib
 import os
 import sys
@@ -20,10 +21,10 @@ from runner.config import IMAGE_MODELS, validate
 from runner.data import build_data
 from runner.loop import evaluate, train
 from runner.measure import estimate, profile, report
-from runner.measure.telemetry import Memory
+from runner.measure.telemetry import Memory, replica_memory
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
-from runner.techniques import checkpointing, precision, pruning
-from runner.track.tracking import log_config, mlflow_run, ui_hint
+from runner.techniques import checkpointing, distribution, precision, pruning
+from runner.track.tracking import WorkerTracker, log_config, mlflow_run, ui_hint, worker_run
 
 
 def _overrides() -> list[str]:
@@ -90,6 +91,9 @@ def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table
     if table:
         lines += profile.summary_lines(figures, table)
     lines += [f"  note: {note}" for note in notes]
+    if isinstance(tracker, WorkerTracker):
+        lines.append("  MLflow: this worker's figures are in the chief's run")
+        return "\n".join(lines)
     command, url = ui_hint(cfg.mlflow.tracking_uri, tracker.experiment_id, tracker.run_id)
     lines.append(f"  MLflow: run '{tracker.run_name}' in experiment '{cfg.mlflow.experiment}'")
     if command:
@@ -98,32 +102,39 @@ def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table
     return "\n".join(lines)
 
 
-def _log_setup(tracker, cfg: DictConfig, overrides: list[str] | None) -> tuple[str, str, bool]:
+def _log_setup(tracker, cfg: DictConfig, overrides: list[str] | None):
     """Config and versions first, then the device: a failure there is recorded in the run.
-    Returns the device, its human name and whether XLA compiles the steps. A resumed run
-    (overrides None) has its config logged already."""
+    Returns the device, its human name, whether XLA compiles the steps and the tf.distribute
+    strategy (None: one device). A resumed run (overrides None) has its config logged."""
     if overrides is not None:
         log_config(tracker, cfg, overrides)
     tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
     gpus = device.setup()
+    strategy = distribution.make_strategy(cfg, gpus)  # before any op runs (logical CPUs)
     dev = device.resolve(cfg.trainer.device, gpus)
     name = device.describe(dev, gpus)
     jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, dev.startswith("/GPU"))
     tracker.set_tags({"device": dev, "device_name": name, "xla": jit})
-    return dev, name, jit
+    if strategy is not None:
+        devices = distribution.local_devices(strategy, dev)
+        tracker.set_tags({"distribution": cfg.distribution.strategy, "replica_devices": devices})
+    return dev, name, jit, strategy
 
 
-def _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner, state, first):
+def _train(cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner, state, first, st):
     """The compiled steps around the readable loop from optimizer step `first`; evaluation and
     the loss scale as hooks, pruning's masks chosen and applied inside the step, right after
-    each update; `state` checkpointed as the loop says (runner/resume.py)."""
+    each update; `state` checkpointed as the loop says (runner/resume.py). Under the
+    tf.distribute strategy `st` each replica takes its part of every micro-batch, and every
+    worker evaluates the whole validation split."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     eval_step = make_eval_step(model, loss_fn, jit)
     after_update = pruner.after_update if pruner else None
+    feed = distribution.feed(st, state.iterator, cfg.data.batch_size) if st else state.iterator
     return train(
-        make_train_step(model, optimizer, loss_fn, cfg.accum, jit, after_update),
+        make_train_step(model, optimizer, loss_fn, cfg.accum, jit, after_update, st),
         lambda: evaluate(eval_step, data, cfg.trainer.eval_batches),
-        state.iterator,
+        feed,
         total_steps,
         tracker,
         cfg.trainer.eval_every,
@@ -168,14 +179,10 @@ def _out_of_memory(err, cfg, built, optimizer, spec, jit, name, remat):
     return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
 
 
-def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool, stop):
-    """Data, model, techniques, optimizer, the loop and the report, on `dev`; from the run
-    directory's last checkpoint when `resuming`."""
-    mem = Memory(dev)
-    mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
-    data = build_data(cfg, image_model=cfg.model.name in IMAGE_MODELS)
+def _build(cfg, tracker, data, total_steps):
+    """The model, its checkpointing, the optimizer and the pruner (under the strategy's scope,
+    when there is one: their variables are then mirrored on every replica)."""
     built = build_model(cfg, data.spec)
-    total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
     model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
     if futile := checkpointing.saves_nothing(remat):
         print(f"tfmemlab: warning: {futile}", flush=True)
@@ -184,8 +191,24 @@ def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: 
     optimizer.build(model.trainable_variables)
     # Shares built's variables; steps on the optimizer's clock, as the LR schedule does.
     pruner = pruning.build_pruner(built, cfg, total_steps, optimizer)
+    return built, model, remat, optimizer, pruner
+
+
+def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool, stop, st):
+    """Data, model, techniques, optimizer, the loop and the report, on `dev` (or the replicas
+    of the tf.distribute strategy `st`); from the run directory's last checkpoint when
+    `resuming`."""
+    mem = replica_memory(distribution.local_devices(st, dev)) if st else Memory(dev)
+    mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
+    replicas = distribution.replicas(st)
+    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, replicas)
+    total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+    with st.scope() if st else contextlib.nullcontext():
+        built, model, remat, optimizer, pruner = _build(cfg, tracker, data, total_steps)
+    b = cfg.data.batch_size
+    batches = distribution.worker_batches(st, data.train, b) if st else data.train
     state = resume.TrainState(
-        run_dir, built, optimizer, iter(data.train), pruner, cfg.trainer.checkpoint_every, stop
+        run_dir, built, optimizer, iter(batches), pruner, cfg.trainer.checkpoint_every, stop
     )
     first = 1
     if resuming:
@@ -195,7 +218,6 @@ def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: 
         # The figures below cover the resumed steps only (this process's allocator and clock).
         tracker.set_tags({"figures_cover_steps": f"{first}-{total_steps}"})
     build_peak = mem.peak()
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
     tracker.log_params(  # a resumed run logs the same values again, which MLflow accepts
         {
             "effective_batch_size": cfg.data.batch_size * cfg.accum * replicas,
@@ -207,12 +229,18 @@ def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: 
     )
     try:
         history = _train(
-            cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner, state, first
+            cfg, model, optimizer, data, total_steps, tracker, mem, jit, pruner, state, first, st
         )
     except tf.errors.ResourceExhaustedError as err:
         raise _out_of_memory(err, cfg, built, optimizer, data.spec, jit, name, remat) from None
-    facts = report.RunFacts(built, optimizer, data.spec, history, build_peak, name, jit, remat, mem)
+    facts = report.RunFacts(
+        built, optimizer, data.spec, history, build_peak, name, jit, remat, mem, replicas
+    )
     figures, sources = report.collect(cfg, facts)
+    # A collective: every worker takes part, and the chief logs every replica's figures.
+    replica_figures, replica_tags = distribution.replica_figures(st, mem, history, figures)
+    figures.update(replica_figures)
+    sources.update(replica_tags)
     figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
     layer_figures, table = _profile(
         cfg, built, model, optimizer, data, name, pruner, tracker, run_dir, sources
@@ -256,20 +284,25 @@ def run(cfg: DictConfig) -> dict:
     # SIGTERM/SIGINT from here on end the job after its next optimizer step, checkpointed.
     with (
         resume.StopOnSignal() as stop,
-        mlflow_run(cfg, run_name, run_dir_of, resumed_id, job) as tracker,
+        (
+            mlflow_run(cfg, run_name, run_dir_of, resumed_id, job)
+            if distribution.is_chief(cfg)
+            else worker_run(run_name)
+        ) as tracker,
     ):
         run_dir = run_dir_of(tracker.run_id)
         if point is None:
             resume.write_run_file(run_dir, tracker.run_id, cfg, overrides)
         if plan_record is not None:
             plan.log_plan(tracker, plan_record, run_dir)
-        dev, name, jit = _log_setup(tracker, cfg, overrides if point is None else None)
+        dev, name, jit, st = _log_setup(tracker, cfg, overrides if point is None else None)
         notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
-        with precision.policy(cfg), tf.device(dev):
+        # Under a strategy its scope places the variables and strategy.run the steps.
+        with precision.policy(cfg), tf.device(dev) if st is None else contextlib.nullcontext():
             figures, sources, history, table = _job(
-                cfg, tracker, dev, name, jit, run_dir, point is not None, stop
+                cfg, tracker, dev, name, jit, run_dir, point is not None, stop, st
             )
         seconds = time.perf_counter() - started
         summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table)

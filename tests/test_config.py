@@ -28,6 +28,7 @@ def test_every_group_has_options():
         "pruning",
         "data",
         "trainer",
+        "distribution",
         *ADDED_GROUPS,
     }
 
@@ -105,6 +106,22 @@ BAD_INPUT = [
     (["model.h=10", "model.heads=4"], "model.h=10", "multiple of model.heads=4"),
     (["-m", "precision=fp32,mixd"], "precision=mixd", "bf16, fp32, mixed"),
     (["trainer.optimizer=adagrad"], "trainer.optimizer=adagrad", "adam, adamw, sgd"),
+    (["distribution=parallel"], "distribution=parallel", "mirrored, multi_worker, none"),
+    (
+        ["distribution=mirrored", "distribution.logical_cpus=1"],
+        "distribution.logical_cpus=1",
+        "an integer >= 2 with distribution=mirrored",
+    ),
+    (
+        ["distribution.logical_cpus=2"],
+        "distribution.logical_cpus=2",
+        "an integer >= 2 with distribution=mirrored",
+    ),
+    (
+        ["distribution=multi_worker", "accum=auto"],
+        "accum=auto",
+        "an integer >= 1 with distribution.strategy=multi_worker",
+    ),
 ]
 
 

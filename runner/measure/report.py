@@ -48,6 +48,7 @@ class RunFacts:
     jit: bool
     remat: RematInfo
     mem: Memory
+    replicas: int = 1  # tf.distribute replicas: throughput counts all of them
 
 
 def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
@@ -97,7 +98,7 @@ def is_cpu_xla(jit: bool, device_name: str) -> bool:
 def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[str, str]]:
     """Every figure of the run, keyed as in the contract, and tags saying where the memory
     figures and the peak FLOP/s came from."""
-    samples = cfg.data.batch_size * cfg.accum
+    samples = cfg.data.batch_size * cfg.accum * facts.replicas
     tokens = samples * facts.spec.seq_len if facts.spec.kind == "tokens" else None
     # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
     cpu_xla = is_cpu_xla(facts.jit, facts.device_name)

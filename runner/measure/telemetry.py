@@ -116,6 +116,10 @@ class Memory:
             return _read_hwm() - self.baseline
         return int(tf.config.experimental.get_memory_info(self.key)["peak"]) - self.baseline
 
+    def peaks(self) -> list[int]:
+        """The peak of each local replica's allocator: here one (see ReplicaMemory)."""
+        return [self.peak()]
+
     def current(self) -> int:
         if self.source == "rss":
             return psutil.Process().memory_info().rss - self.baseline
@@ -164,6 +168,41 @@ def _nvidia_smi_bytes(pid: int) -> int | None:
         if int(p) == pid
     ]
     return sum(used) * 2**20 if used else None
+
+
+class ReplicaMemory(Memory):
+    """The first replica's device as Memory, and every local replica's allocator in peaks():
+    GPUs each have their own. CPU devices (logical CPUs) share the process's one allocator,
+    so under mirrored on logical CPUs a Memory of the first device counts them all."""
+
+    def __init__(self, devices: list[str]):
+        super().__init__(devices[0])
+        self.others = [Memory(d, self.source) for d in devices[1:]]
+
+    def grow_pool(self) -> None:
+        super().grow_pool()
+        for m in self.others:
+            m.grow_pool()
+
+    def reset(self) -> None:
+        super().reset()
+        for m in self.others:
+            m.reset()
+
+    def peaks(self) -> list[int]:
+        return [self.peak(), *(m.peak() for m in self.others)]
+
+
+def device_key(name: str) -> str:
+    """ "/job:worker/replica:0/task:1/device:GPU:0" -> "GPU:0", as get_memory_info wants."""
+    spec = tf.DeviceSpec.from_string(name)
+    return f"{spec.device_type}:{spec.device_index}"
+
+
+def replica_memory(devices: list[str]) -> Memory:
+    """Memory over the local replicas' devices: one Memory where they share an allocator."""
+    keys = [device_key(d) for d in devices]
+    return ReplicaMemory(keys) if all(k.startswith("GPU") for k in keys) else Memory(keys[0])
 
 
 def speed_figures(

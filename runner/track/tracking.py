@@ -164,6 +164,23 @@ class Tracker:
         )
 
 
+class WorkerTracker(Tracker):
+    """A multi-worker job's non-chief worker: it logs nothing (issue 18: only the chief logs
+    to MLflow); the figures it measures reach the chief's run through the strategy's
+    collectives (runner/techniques/distribution.py), and its run directory keeps its own."""
+
+    def __init__(self, name: str):
+        super().__init__(client=None, run_id="", name=name)
+
+    def _send(self, record: dict, call: Callable[[], Any]) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def worker_run(name: str):
+    yield WorkerTracker(name)
+
+
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:

@@ -1,0 +1,159 @@
+"""tf.distribute for tfmemlab's own loop: replicas, their data, and who logs (issue 18).
+
+`distribution.strategy`:
+- `none`: one device, the compiled step as it is (runner/step.py).
+- `mirrored`: tf.distribute.MirroredStrategy over the GPUs (or `distribution.devices`); with
+  `distribution.logical_cpus=N` over N logical CPU devices, which is how a machine without GPUs
+  (and the tests) runs it, as Keras tests its own TF distribution code.
+- `multi_worker`: MultiWorkerMirroredStrategy, the cluster from TF_CONFIG, or under SLURM from
+  SlurmClusterResolver when TF_CONFIG is absent. Keras 3's `fit` fails under it
+  (keras-team/keras#20585); the loop here runs the step with `strategy.run` (shared GUIDE).
+
+`data.batch_size` is per replica: a global micro-batch is data.batch_size x replicas, and the
+effective batch data.batch_size x accum x replicas. Every worker builds the same seeded
+pipeline of global micro-batches and keeps its own contiguous slice of each, split in turn
+between its local replicas, so that N replicas see exactly the examples one device sees at the
+same global batch, in the same order (the tests compare weights to 1e-5).
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+# What TF_CONFIG or SLURM says when the cluster is not set up for this process.
+SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
+
+
+def task() -> tuple[str, int]:
+    """(task type, index) of this process in its cluster, from the environment only (before
+    TensorFlow starts): TF_CONFIG's task, SLURM's process id, else ("worker", 0)."""
+    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    if "task" in tf_config:
+        return tf_config["task"].get("type", "worker"), int(tf_config["task"].get("index", 0))
+    if all(v in os.environ for v in SLURM_VARIABLES):
+        return "worker", int(os.environ["SLURM_PROCID"])
+    return "worker", 0
+
+
+def is_chief(cfg) -> bool:
+    """Whether this process logs to MLflow: every single-process job, and in a multi-worker job
+    the chief (TF_CONFIG's `chief` task, or worker 0 when the cluster has no chief)."""
+    if cfg.distribution.strategy != "multi_worker":
+        return True
+    kind, index = task()
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    return kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
+
+
+def split_cpu(count: int) -> None:
+    """Split the CPU into `count` logical devices; before TensorFlow initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+    )
+
+
+def make_strategy(cfg, gpus: list) -> tf.distribute.Strategy | None:
+    """The job's strategy (None for `none`); logical CPUs are split here, first."""
+    d = cfg.distribution
+    if d.strategy == "none":
+        return None
+    if d.logical_cpus:
+        split_cpu(d.logical_cpus)
+    if d.strategy == "mirrored":
+        devices = list(d.devices) if d.devices else None
+        if devices is None:
+            kind = "GPU" if gpus else "CPU"
+            devices = [x.name for x in tf.config.list_logical_devices(kind)]
+        return tf.distribute.MirroredStrategy(devices)
+    resolver = None
+    if "TF_CONFIG" not in os.environ and all(v in os.environ for v in SLURM_VARIABLES):
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+
+
+def worker_position(strategy) -> int:
+    """This worker's place among the job's workers: the chief first, then worker 0, 1, ...
+    (MultiWorkerMirroredStrategy's order); 0 in a single-process job."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    if resolver.task_type == "chief":
+        return 0
+    return resolver.task_id + (1 if has_chief else 0)
+
+
+def replicas(strategy: tf.distribute.Strategy | None) -> int:
+    return strategy.num_replicas_in_sync if strategy is not None else 1
+
+
+def local_devices(strategy: tf.distribute.Strategy | None, device: str) -> list[str]:
+    """The devices this process's replicas run on (`device` alone without a strategy)."""
+    if strategy is None:
+        return [device]
+    return list(strategy.extended.worker_devices)
+
+
+def worker_batches(strategy, dataset: tf.data.Dataset, batch: int) -> tf.data.Dataset:
+    """This worker's contiguous slice of each global micro-batch (batch x replicas): batch x
+    its local replicas. A plain tf.data pipeline, so its iterator is checkpointed for exact
+    resume (an iterator of strategy.distribute_datasets_from_function is not trackable)."""
+    size = batch * len(strategy.extended.worker_devices)
+    start = worker_position(strategy) * size
+
+    def own_slice(x, y):
+        return x[start : start + size], y[start : start + size]
+
+    return dataset.map(own_slice).prefetch(tf.data.AUTOTUNE)
+
+
+def feed(strategy, iterator, batch: int):
+    """(inputs, targets) micro-batches of the worker -> each local replica's `batch`, in
+    replica order, placed on its device."""
+    local = len(strategy.extended.worker_devices)
+
+    def per_replica(tensor):
+        def part(context) -> tf.Tensor:
+            i = context.replica_id_in_sync_group % local
+            return tensor[i * batch : (i + 1) * batch]
+
+        return strategy.experimental_distribute_values_from_function(part)
+
+    while True:
+        x, y = next(iterator)
+        yield per_replica(x), per_replica(y)
+
+
+def gather(strategy: tf.distribute.Strategy | None, local: list[float]) -> list[float]:
+    """One figure per replica, all the job's replicas in replica order, on every worker (a
+    collective: every worker calls it). `local`: this process's replicas' figures, in order."""
+    if strategy is None:
+        return list(local)
+
+    def value(context) -> tf.Tensor:
+        return tf.constant([local[context.replica_id_in_sync_group % len(local)]], tf.float64)
+
+    per_replica = strategy.experimental_distribute_values_from_function(value)
+    return [float(v) for v in strategy.gather(per_replica, axis=0).numpy()]
+
+
+def replica_figures(strategy, mem, history, figures: dict) -> tuple[dict, dict]:
+    """Memory per replica, for the chief to log (issue 18): `mem/peak_bytes_per_replica/<i>`
+    for every replica of the job, and `mem/peak_bytes` the largest. Logical CPUs share the
+    process's one allocator, so their replicas' peaks cannot be told apart: then
+    `mem/peak_bytes` is all of them together and the estimate is compared with all of them."""
+    if strategy is None:
+        return {}, {}
+    local = history.steady_replica_peaks
+    if len(local) < len(strategy.extended.worker_devices):  # replicas sharing one allocator
+        n = len(strategy.extended.worker_devices)
+        ratio = figures["mem/peak_bytes"] / (n * figures["mem/estimate_bytes"])
+        scope = f"all {n} replicas of this process (logical CPUs share one allocator)"
+        return {"mem/measured_over_estimate": ratio}, {"mem/peak_scope": scope}
+    peaks = gather(strategy, local)
+    out = {f"mem/peak_bytes_per_replica/{i}": p for i, p in enumerate(peaks)}
+    out["mem/peak_bytes"] = max(peaks)
+    out["mem/measured_over_estimate"] = max(peaks) / figures["mem/estimate_bytes"]
+    return out, {"mem/peak_scope": "the largest replica's (each has its own allocator)"}
