@@ -238,7 +238,8 @@ def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: 
     )
     figures, sources = report.collect(cfg, facts)
     # A collective: every worker takes part, and the chief logs every replica's figures.
-    replica_figures, replica_tags = distribution.replica_figures(st, mem, history, figures)
+    chief = not isinstance(tracker, WorkerTracker)
+    replica_figures, replica_tags = distribution.replica_figures(st, history, figures, chief)
     figures.update(replica_figures)
     sources.update(replica_tags)
     figures.update(report.pruning_figures(pruner, tracker, run_dir, history))
@@ -305,7 +306,10 @@ def run(cfg: DictConfig) -> dict:
                 cfg, tracker, dev, name, jit, run_dir, point is not None, stop, st
             )
         seconds = time.perf_counter() - started
-        summary = _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table)
+        where = (
+            dev if st is None else f"{st.num_replicas_in_sync} replicas ({st.__class__.__name__})"
+        )
+        summary = _summary(cfg, where, history, figures, sources, seconds, tracker, notes, table)
         tracker.set_tags({"mlflow.note.content": summary})
     print(summary)
     if tracker.lost is not None:

@@ -6,6 +6,9 @@ so a gradient off by a constant factor (the replicas' share counted twice) would
 Adam's weights.
 """
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli, tiny_overrides
+from tests.conftest import REPO, run_cli, tiny_overrides
 
 STEPS = 5
 SGD = ["trainer.optimizer=sgd", "trainer.lr=0.5", "trainer.momentum=0.0"]
@@ -86,3 +89,52 @@ def test_mirrored_on_two_logical_cpus_matches_one_device_at_the_same_global_batc
     # Logical CPUs share one allocator: the peak is both replicas', and it says so.
     assert "share one allocator" in run_two.data.tags["mem/peak_scope"]
     assert not any(k.startswith("mem/peak_bytes_per_replica/") for k in run_two.data.metrics)
+
+
+@pytest.mark.slow
+def test_two_local_workers_end_equal_to_one_device_and_log_one_run(tmp_path, store):
+    one = _train(tmp_path, store, "one", "data.batch_size=8")
+    folder = tmp_path / "launch"
+    args = [
+        *tiny_overrides("transformer", store),
+        *SGD,
+        f"trainer.max_steps={STEPS}",
+        f"trainer.checkpoint_every={STEPS}",
+        "data.train_samples=64",
+        "data.batch_size=4",  # per worker: the global micro-batch is 8, as on one device
+        "mlflow.run_name=workers",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "runner.launch", "--workers", "2", "--dir", str(folder), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + (folder / "worker1.log").read_text()
+    single = _weights(one)
+    first, second = _weights(folder / "worker0"), _weights(folder / "worker1")
+    assert single.keys() == first.keys() == second.keys() and len(single) > 4
+    for name, w in single.items():
+        np.testing.assert_array_equal(second[name], first[name], err_msg=name)  # in sync
+        np.testing.assert_allclose(first[name], w, atol=1e-5, err_msg=name)
+
+    # One MLflow run for the job (only the chief logs), holding both workers' figures.
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["one", "workers"]
+    run, losses = _run(store, "workers")
+    _, losses_one = _run(store, "one")
+    np.testing.assert_allclose(losses, losses_one, atol=1e-5)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["replicas"] == "2" and run.data.params["effective_batch_size"] == "8"
+    m = run.data.metrics
+    peaks = [m[f"mem/peak_bytes_per_replica/{i}"] for i in range(2)]
+    assert all(p > 0 for p in peaks) and m["mem/peak_bytes"] == max(peaks)
+    assert all(m[f"speed/step_time_s_p50_per_replica/{i}"] > 0 for i in range(2))
+    # Worker 1's own peak, as it printed it, is the one the chief logged for replica 1.
+    worker1 = (folder / "worker1.log").read_text()
+    assert "this worker's figures are in the chief's run" in worker1
+    assert json.loads((folder / "worker1" / "metrics.json").read_text())[
+        "mem/peak_bytes"
+    ] == pytest.approx(peaks[1])

@@ -139,11 +139,12 @@ def gather(strategy: tf.distribute.Strategy | None, local: list[float]) -> list[
     return [float(v) for v in strategy.gather(per_replica, axis=0).numpy()]
 
 
-def replica_figures(strategy, mem, history, figures: dict) -> tuple[dict, dict]:
+def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict, dict]:
     """Memory per replica, for the chief to log (issue 18): `mem/peak_bytes_per_replica/<i>`
     for every replica of the job, and `mem/peak_bytes` the largest. Logical CPUs share the
     process's one allocator, so their replicas' peaks cannot be told apart: then
-    `mem/peak_bytes` is all of them together and the estimate is compared with all of them."""
+    `mem/peak_bytes` is all of them together and the estimate is compared with all of them.
+    Every worker gets every replica's figures; the chief's `mem/peak_bytes` is the largest."""
     if strategy is None:
         return {}, {}
     local = history.steady_replica_peaks
@@ -154,6 +155,11 @@ def replica_figures(strategy, mem, history, figures: dict) -> tuple[dict, dict]:
         return {"mem/measured_over_estimate": ratio}, {"mem/peak_scope": scope}
     peaks = gather(strategy, local)
     out = {f"mem/peak_bytes_per_replica/{i}": p for i, p in enumerate(peaks)}
+    # The workers' step times: the job goes at the pace of the slowest.
+    times = gather(strategy, [figures["speed/step_time_s_p50"]] * len(local))
+    out.update({f"speed/step_time_s_p50_per_replica/{i}": t for i, t in enumerate(times)})
+    if not chief:  # a worker's own metrics.json keeps its own peak
+        return out, {"mem/peak_scope": "this worker's replicas' (each has its own allocator)"}
     out["mem/peak_bytes"] = max(peaks)
     out["mem/measured_over_estimate"] = max(peaks) / figures["mem/estimate_bytes"]
     return out, {"mem/peak_scope": "the largest replica's (each has its own allocator)"}
