@@ -32,7 +32,7 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     `sweep.resume` goes on with it. If the sweep's process dies, the child gets SIGTERM.
     """
     from runner.sweep_resume import KEY, SWEEP_PID_ENV
-    from runner.track.tracking import JOB_ENV
+    from runner.track.tracking import JOB_ENV, PARENT_ENV, sweep_parent
 
     hydra_cfg = HydraConfig.get()
     task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
@@ -49,6 +49,8 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
         *([f"trainer.resume={resume_from}"] if resume_from else []),
     ]
     env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
+    if parent := sweep_parent():  # a Ray cluster's worker has it from sweep.json, not its env
+        env[PARENT_ENV] = parent
     child = subprocess.Popen(args, env=env, start_new_session=True)
     received: list[int] = []
 

@@ -98,3 +98,32 @@ def test_plan_bench_prints_predicted_beside_measured_and_its_verdict(capsys, mon
         assert r["predicted/measured"] == pytest.approx(r["predicted_MiB"] / r["measured_MiB"])
     assert rows[1]["measured_MiB"] > rows[0]["measured_MiB"]  # a larger micro-batch, more
     assert "|predicted/measured - 1|: worst " in out and "(target: every one <= 15%" in out
+
+
+@pytest.mark.slow
+def test_distribution_bench_prints_each_job_and_the_per_replica_check(capsys, monkeypatch):
+    # The distribution benchmark at a tiny size: one device, mirrored on 2 logical CPUs and 2
+    # local workers at one global batch; the verdict is the one its printed figures give.
+    from runner.bench import distribution
+
+    monkeypatch.setattr(distribution, "MODEL", TINY["transformer"])
+    monkeypatch.setattr(distribution, "GLOBAL", 8)
+    monkeypatch.setattr(distribution, "REPLICAS", (2,))
+    rows = distribution.main(["data.val_samples=8"], steps=3)
+    out = capsys.readouterr().out
+    assert [r["job"] for r in rows] == ["1 device", "mirrored x2", "2 workers"]
+    assert [r["batch_per_replica"] for r in rows] == [8, 4, 4]
+    assert [r["of"] for r in rows] == ["one replica", "all 2 replicas", "one replica"]
+    assert all(r["peak_MiB"] > 0 and r["step_s"] > 0 for r in rows)
+    assert out.splitlines()[0].split() == [*distribution.COLUMNS, "peak/1", "device"]
+    line = re.search(
+        r"^per-replica peak at 2 replicas .*: ([\d.]+), ([\d.]+) MiB; largest / 1 device at the "
+        r"same global batch of 8 = (\d\.\d\d) \(target <= 0.6\): (ok|MISSED)$",
+        out,
+        re.M,
+    )
+    assert line, out
+    largest = max(float(line.group(1)), float(line.group(2)))
+    ratio = largest / rows[0]["peak_MiB"]
+    assert float(line.group(3)) == pytest.approx(ratio, abs=0.02)
+    assert line.group(4) == ("ok" if float(line.group(3)) <= 0.6 else "MISSED")

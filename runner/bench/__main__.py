@@ -3,7 +3,16 @@
 import importlib
 import sys
 
-BENCHES = ("overhead", "memory", "precision_accum", "checkpointing", "gpu_check", "layers", "plan")
+BENCHES = (
+    "overhead",
+    "memory",
+    "precision_accum",
+    "checkpointing",
+    "gpu_check",
+    "layers",
+    "plan",
+    "distribution",
+)
 
 
 def main(argv: list[str]) -> None:

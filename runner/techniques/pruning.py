@@ -240,7 +240,7 @@ class Pruner:
     def updates(self) -> list[tuple[int, float]]:
         """(step, scheduled sparsity) of each choice so far: masks for step t are chosen once
         optimizer.iterations reaches t - 1."""
-        done = int(self.optimizer.iterations)
+        done = int(keras.ops.convert_to_numpy(self.optimizer.iterations))  # mirrored too
         p, total = self.cfg, self.total_steps
         steps = [t for t in range(2, done + 2) if is_update_step(p, t, total)]
         return [(t, float(scheduled_sparsity(p, t, total))) for t in steps]

@@ -266,9 +266,33 @@ def failure_kind(err: BaseException) -> str:
     return "error"
 
 
+def sweep_parent() -> str | None:
+    """The parent run of the sweep this job belongs to, or None outside a sweep.
+
+    runner.track.sweep sets it in the environment, which the jobs' processes inherit (joblib,
+    submitit, a Ray instance the sweep starts; sbatch passes it on). The workers of a Ray
+    cluster started apart (`ray start`, hydra.launcher.ray.init.address) do not have the
+    sweep's environment: they read it from the sweep folder's sweep.json.
+    """
+    if os.environ.get(PARENT_ENV):
+        return os.environ[PARENT_ENV]
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    from runner.sweep_resume import SWEEP_FILE
+
+    try:
+        path = Path(HydraConfig.get().sweep.dir) / SWEEP_FILE
+        return json.loads(path.read_text())["parent_run_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _sweep_tags() -> dict[str, str]:
     """Tags that make a sweep's job a child of the sweep's parent run, with its job number."""
-    parent = os.environ.get(PARENT_ENV)
+    parent = sweep_parent()
     if not parent:
         return {}
     from hydra.core.hydra_config import HydraConfig
