@@ -32,7 +32,7 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     `sweep.resume` goes on with it. If the sweep's process dies, the child gets SIGTERM.
     """
     from runner.sweep_resume import KEY, SWEEP_PID_ENV
-    from runner.track.tracking import JOB_ENV, PARENT_ENV, sweep_parent
+    from runner.track.tracking import JOB_ENV, PARENT_ENV, sweep_of_job
 
     hydra_cfg = HydraConfig.get()
     task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
@@ -49,8 +49,10 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
         *([f"trainer.resume={resume_from}"] if resume_from else []),
     ]
     env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
-    if parent := sweep_parent():  # a Ray cluster's worker has it from sweep.json, not its env
-        env[PARENT_ENV] = parent
+    sweep = sweep_of_job()
+    if sweep is not None and sweep["tracking_uri"] is not None:  # from sweep.json: a Ray
+        env[PARENT_ENV] = sweep["parent_run_id"]  # cluster's worker has not the sweep's env
+        env["MLFLOW_TRACKING_URI"] = sweep["tracking_uri"]
     child = subprocess.Popen(args, env=env, start_new_session=True)
     received: list[int] = []
 

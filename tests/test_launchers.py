@@ -61,7 +61,12 @@ def test_a_sweep_through_ray_on_a_ray_instance_started_apart(tmp_path, store):
             [
                 "-m",
                 "hydra/launcher=ray",
-                f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
+                # auto: the instance `ray start` began on this machine, with the token that
+                # Ray 2.60's authentication asks of a client (an address alone is refused).
+                "hydra.launcher.ray.init.address=auto",
+                # The plugin sets a default object store size, which ray.init refuses for a
+                # cluster it connects to: none is given.
+                "+hydra.launcher.ray.init.object_store_memory=null",
                 *JOBS,
                 *TINY_ARGS,
             ],

@@ -266,16 +266,17 @@ def failure_kind(err: BaseException) -> str:
     return "error"
 
 
-def sweep_parent() -> str | None:
-    """The parent run of the sweep this job belongs to, or None outside a sweep.
+def sweep_of_job() -> dict | None:
+    """The sweep this job belongs to ({"parent_run_id", "tracking_uri"}), or None.
 
-    runner.track.sweep sets it in the environment, which the jobs' processes inherit (joblib,
-    submitit, a Ray instance the sweep starts; sbatch passes it on). The workers of a Ray
-    cluster started apart (`ray start`, hydra.launcher.ray.init.address) do not have the
-    sweep's environment: they read it from the sweep folder's sweep.json.
+    runner.track.sweep sets the parent in the environment, which the jobs' processes inherit
+    (joblib, submitit, a Ray instance the sweep starts; sbatch passes it on); the job's own
+    config then names the store (tracking_uri None). The workers of a Ray cluster started
+    apart (`ray start`, hydra.launcher.ray.init.address) have neither the sweep's environment
+    nor its MLFLOW_TRACKING_URI: they read both from the sweep folder's sweep.json.
     """
     if os.environ.get(PARENT_ENV):
-        return os.environ[PARENT_ENV]
+        return {"parent_run_id": os.environ[PARENT_ENV], "tracking_uri": None}
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -283,18 +284,24 @@ def sweep_parent() -> str | None:
         return None
     from runner.sweep_resume import SWEEP_FILE
 
-    try:
-        path = Path(HydraConfig.get().sweep.dir) / SWEEP_FILE
-        return json.loads(path.read_text())["parent_run_id"]
-    except (OSError, ValueError, KeyError):
-        return None
+    # The job's folder is sweep.dir/subdir. Not sweep.dir itself: its ${now:...} would be
+    # resolved again in the worker, at another time.
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    for folder in [job_dir, *job_dir.parents][:4]:
+        try:
+            record = json.loads((folder / SWEEP_FILE).read_text())
+            return {k: record[k] for k in ("parent_run_id", "tracking_uri")}
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
 
 
 def _sweep_tags() -> dict[str, str]:
     """Tags that make a sweep's job a child of the sweep's parent run, with its job number."""
-    parent = sweep_parent()
-    if not parent:
+    sweep = sweep_of_job()
+    if sweep is None:
         return {}
+    parent = sweep["parent_run_id"]
     from hydra.core.hydra_config import HydraConfig
 
     tags = {"mlflow.parentRunId": parent, "sweep_id": parent}
