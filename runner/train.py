@@ -88,6 +88,8 @@ def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table
         f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
         f"{figures['speed/compile_s']:.1f} s"
     )
+    if "mem/peak_scope" in sources:  # under tf.distribute; the estimate is one replica's
+        lines.append(f"  peak of {sources['mem/peak_scope']}; the estimate is one replica's")
     if table:
         lines += profile.summary_lines(figures, table)
     lines += [f"  note: {note}" for note in notes]
