@@ -109,6 +109,7 @@ def test_mirrored_on_two_logical_cpus_matches_one_device_at_the_same_global_batc
     assert run_two.data.tags["distribution"] == "mirrored"
     # Logical CPUs share one allocator: the peak is both replicas', and it says so.
     assert "share one allocator" in run_two.data.tags["mem/peak_scope"]
+    assert run_two.data.tags["mem/replicas_per_allocator"] == "2"  # the timeline's estimate x2
     assert not any(k.startswith("mem/peak_bytes_per_replica/") for k in run_two.data.metrics)
 
 

@@ -131,9 +131,11 @@ def publish(
     (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
     tracker.log_artifact(run_dir / "metrics.json")
     fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in ("params", "gradients", "optimizer"))
+    n = int(tags.get("mem/replicas_per_allocator", 1))  # logical CPUs share one allocator
+    per = f", x {n} replicas" if n > 1 else ""
     reference = {
-        "estimate (all parts)": figures["mem/estimate_bytes"],
-        "estimate: params + gradients + optimizer": fixed,
+        f"estimate (all parts){per}": n * figures["mem/estimate_bytes"],
+        f"estimate: params + gradients + optimizer{per}": n * fixed,
     }
     png = timeline_png(
         history.step_peaks, history.current_bytes, reference, run_dir / "memory_timeline.png", title

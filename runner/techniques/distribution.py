@@ -152,7 +152,8 @@ def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict
         n = len(strategy.extended.worker_devices)
         ratio = figures["mem/peak_bytes"] / (n * figures["mem/estimate_bytes"])
         scope = f"all {n} replicas of this process (logical CPUs share one allocator)"
-        return {"mem/measured_over_estimate": ratio}, {"mem/peak_scope": scope}
+        tags = {"mem/peak_scope": scope, "mem/replicas_per_allocator": n}
+        return {"mem/measured_over_estimate": ratio}, tags
     peaks = gather(strategy, local)
     out = {f"mem/peak_bytes_per_replica/{i}": p for i, p in enumerate(peaks)}
     # The workers' step times: the job goes at the pace of the slowest.
