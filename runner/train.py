@@ -309,7 +309,9 @@ def run(cfg: DictConfig) -> dict:
             )
         seconds = time.perf_counter() - started
         where = (
-            dev if st is None else f"{st.num_replicas_in_sync} replicas ({st.__class__.__name__})"
+            dev
+            if st is None
+            else f"{st.num_replicas_in_sync} replicas ({cfg.distribution.strategy})"
         )
         summary = _summary(cfg, where, history, figures, sources, seconds, tracker, notes, table)
         tracker.set_tags({"mlflow.note.content": summary})
