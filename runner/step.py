@@ -98,10 +98,7 @@ def make_train_step(
     # Accumulators as variables, updated with assign_add: a loop-carried sum was measured
     # holding about three copies of the weights at once (old sum, new sum, micro-batch
     # gradients; MobileNetV2 peak(b8, accum4) was peak(b8, accum1) + 3 to 3.7 accumulators).
-    sums = [
-        tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name="accum_sum")
-        for v in variables
-    ]
+    sums = float32_sums(variables)
 
     @tf.function(jit_compile=jit_compile)
     def add_micro_batch(x, y, first):
@@ -137,6 +134,15 @@ def make_train_step(
     return train_step
 
 
+def float32_sums(variables, **placement) -> list[tf.Variable]:
+    """One float32 accumulator per trainable variable (`placement`: tf.Variable's
+    synchronization and aggregation, under a strategy)."""
+    return [
+        tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False, name="accum_sum", **placement)
+        for v in variables
+    ]
+
+
 def make_replicated_step(strategy, gradients, update, variables, accum: int, jit_compile: bool):
     """The train step under a tf.distribute strategy: each replica's forward and backward
     compiled (XLA when asked), the update outside XLA (Keras's optimizer all-reduces the
@@ -168,16 +174,11 @@ def make_replicated_step(strategy, gradients, update, variables, accum: int, jit
         return lambda batches: step(*next(batches))
 
     with strategy.scope():
-        sums = [
-            tf.Variable(
-                tf.zeros(v.shape, tf.float32),
-                trainable=False,
-                name="accum_sum",
-                synchronization=tf.VariableSynchronization.ON_READ,
-                aggregation=tf.VariableAggregation.SUM,
-            )
-            for v in variables
-        ]
+        sums = float32_sums(
+            variables,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
 
     @tf.function
     def add_micro_batch(x, y, first):

@@ -24,7 +24,7 @@ from runner.measure import estimate, profile, report
 from runner.measure.telemetry import Memory, replica_memory
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
 from runner.techniques import checkpointing, distribution, precision, pruning
-from runner.track.tracking import WorkerTracker, log_config, mlflow_run, ui_hint, worker_run
+from runner.track.tracking import WorkerTracker, log_config, mlflow_run, ui_hint
 
 
 def _overrides() -> list[str]:
@@ -290,7 +290,7 @@ def run(cfg: DictConfig) -> dict:
         (
             mlflow_run(cfg, run_name, run_dir_of, resumed_id, job)
             if distribution.is_chief(cfg)
-            else worker_run(run_name)
+            else contextlib.nullcontext(WorkerTracker(run_name))
         ) as tracker,
     ):
         run_dir = run_dir_of(tracker.run_id)
@@ -311,7 +311,7 @@ def run(cfg: DictConfig) -> dict:
         where = (
             dev
             if st is None
-            else f"{st.num_replicas_in_sync} replicas ({cfg.distribution.strategy})"
+            else f"{distribution.replicas(st)} replicas ({cfg.distribution.strategy})"
         )
         summary = _summary(cfg, where, history, figures, sources, seconds, tracker, notes, table)
         tracker.set_tags({"mlflow.note.content": summary})

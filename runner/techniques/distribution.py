@@ -21,17 +21,25 @@ import os
 
 import tensorflow as tf
 
-# What TF_CONFIG or SLURM says when the cluster is not set up for this process.
+# Set by srun for each task of a SLURM job step: SlurmClusterResolver reads the cluster there.
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
+
+
+def _tf_config() -> dict:
+    return json.loads(os.environ.get("TF_CONFIG") or "{}")
+
+
+def _in_slurm_step() -> bool:
+    return all(v in os.environ for v in SLURM_VARIABLES)
 
 
 def task() -> tuple[str, int]:
     """(task type, index) of this process in its cluster, from the environment only (before
     TensorFlow starts): TF_CONFIG's task, SLURM's process id, else ("worker", 0)."""
-    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    tf_config = _tf_config()
     if "task" in tf_config:
         return tf_config["task"].get("type", "worker"), int(tf_config["task"].get("index", 0))
-    if all(v in os.environ for v in SLURM_VARIABLES):
+    if _in_slurm_step():
         return "worker", int(os.environ["SLURM_PROCID"])
     return "worker", 0
 
@@ -42,7 +50,7 @@ def is_chief(cfg) -> bool:
     if cfg.distribution.strategy != "multi_worker":
         return True
     kind, index = task()
-    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    cluster = _tf_config().get("cluster", {})
     return kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
 
 
@@ -62,13 +70,11 @@ def make_strategy(cfg, gpus: list) -> tf.distribute.Strategy | None:
     if d.logical_cpus:
         split_cpu(d.logical_cpus)
     if d.strategy == "mirrored":
-        devices = list(d.devices) if d.devices else None
-        if devices is None:
-            kind = "GPU" if gpus else "CPU"
-            devices = [x.name for x in tf.config.list_logical_devices(kind)]
-        return tf.distribute.MirroredStrategy(devices)
+        kind = "GPU" if gpus else "CPU"
+        every = [x.name for x in tf.config.list_logical_devices(kind)]
+        return tf.distribute.MirroredStrategy(list(d.devices) if d.devices else every)
     resolver = None
-    if "TF_CONFIG" not in os.environ and all(v in os.environ for v in SLURM_VARIABLES):
+    if "TF_CONFIG" not in os.environ and _in_slurm_step():
         resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
@@ -77,12 +83,10 @@ def worker_position(strategy) -> int:
     """This worker's place among the job's workers: the chief first, then worker 0, 1, ...
     (MultiWorkerMirroredStrategy's order); 0 in a single-process job."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not cluster or resolver.task_type == "chief":
         return 0
-    has_chief = "chief" in resolver.cluster_spec().as_dict()
-    if resolver.task_type == "chief":
-        return 0
-    return resolver.task_id + (1 if has_chief else 0)
+    return resolver.task_id + (1 if "chief" in cluster else 0)
 
 
 def replicas(strategy: tf.distribute.Strategy | None) -> int:
@@ -147,9 +151,8 @@ def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict
     Every worker gets every replica's figures; the chief's `mem/peak_bytes` is the largest."""
     if strategy is None:
         return {}, {}
-    local = history.steady_replica_peaks
-    if len(local) < len(strategy.extended.worker_devices):  # replicas sharing one allocator
-        n = len(strategy.extended.worker_devices)
+    local, n = history.steady_replica_peaks, len(strategy.extended.worker_devices)
+    if len(local) < n:  # this process's replicas share one allocator
         ratio = figures["mem/peak_bytes"] / (n * figures["mem/estimate_bytes"])
         scope = f"all {n} replicas of this process (logical CPUs share one allocator)"
         tags = {"mem/peak_scope": scope, "mem/replicas_per_allocator": n}

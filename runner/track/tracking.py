@@ -176,11 +176,6 @@ class WorkerTracker(Tracker):
         pass
 
 
-@contextlib.contextmanager
-def worker_run(name: str):
-    yield WorkerTracker(name)
-
-
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
