@@ -119,6 +119,7 @@ def main(cfg: DictConfig) -> None:
 
     print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
     import_tensorflow_quietly()
+    from runner.launch import LAUNCH_ENV
     from runner.resume import Interrupted
     from runner.track.server import TrackingError
     from runner.train import run
@@ -135,7 +136,7 @@ def main(cfg: DictConfig) -> None:
                 raise
             raise SystemExit(f"error: {err.message}") from None
         except Interrupted as err:  # checkpointed, the run marked KILLED: say how to go on
-            if JOB_ENV in os.environ:  # a sweep's job: the sweep says how to go on
+            if JOB_ENV in os.environ or LAUNCH_ENV in os.environ:  # the sweep or the launch
                 print(f"tfmemlab: {err}", flush=True)
             else:
                 print(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")

@@ -8,7 +8,11 @@ job's one MLflow run and prints to this terminal; the other workers' output goes
 worker<i>.log in the launch folder, and each worker keeps its run directory there.
 
 If a worker fails the others are stopped (their collectives would wait for it forever), and
-the launch exits with the failed worker's code. Ctrl-C or SIGTERM is passed on to every worker.
+the launch exits with the failed worker's code. Ctrl-C or SIGTERM is passed on to every worker;
+a SIGTERM that reaches one worker alone (a preempted machine) stops all of them after the same
+optimizer step, each with its checkpoint (runner.techniques.distribution.WorkersStop).
+`python -m runner.launch --resume <launch folder>` goes on from there: every worker resumes
+its own run directory, and the chief its MLflow run.
 """
 
 import argparse
@@ -23,6 +27,12 @@ from datetime import datetime
 from pathlib import Path
 
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
+# Set for every worker: the launch folder, which the worker's messages name.
+LAUNCH_ENV = "TFMEMLAB_LAUNCH"
+# A worker's exit after a signal, checkpointed (runner.resume.Interrupted: 128 + SIGINT/SIGTERM).
+STOPPED = (130, 143)
+# How long the others have to stop on their own once one worker has stopped on a signal.
+STOP_GRACE_S = 60
 
 
 def free_ports(count: int) -> list[int]:
@@ -55,14 +65,41 @@ def worker_args(overrides: list[str], folder: Path, index: int) -> list[str]:
     ]
 
 
+def resume_args(folder: Path, index: int, stamp: str) -> list[str]:
+    """run.py's arguments for worker `index` of a launch that goes on: its run directory holds
+    the job's config (run.json) and checkpoint; Hydra's own files go in a folder of their own."""
+    run_dir = folder / f"worker{index}"
+    return [
+        sys.executable,
+        str(RUN_PY),
+        f"trainer.resume={run_dir}",
+        f"hydra.run.dir={run_dir / 'resumed' / stamp}",
+    ]
+
+
+def launched_workers(folder: Path) -> int:
+    """How many workers the launch in `folder` had (worker<i>/run.json)."""
+    count = 0
+    while (folder / f"worker{count}" / "run.json").is_file():
+        count += 1
+    return count
+
+
 def _stop(workers: list[subprocess.Popen], sig: int) -> None:
     for w in workers:
         if w.poll() is None:
             w.send_signal(sig)
 
 
+def _exit_code(code: int) -> int:
+    """A worker's exit code as a shell reports it (killed by signal N: 128 + N)."""
+    return 128 - code if code < 0 else code
+
+
 def wait(workers: list[subprocess.Popen]) -> int:
-    """Wait for every worker; the first to fail stops the others. The launch's exit code."""
+    """Wait for every worker; the first to fail stops the others, and one stopped by a signal
+    gives them STOP_GRACE_S to stop after the same step. The launch's exit code: a failed
+    worker's, else a stopped one's (143, 130), else 0."""
     received: list[int] = []
 
     def pass_on(signum, frame) -> None:
@@ -70,10 +107,14 @@ def wait(workers: list[subprocess.Popen]) -> int:
         _stop(workers, signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
 
     previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopped_at = None
     try:
         while any(w.poll() is None for w in workers):
-            failed = [w for w in workers if w.poll() not in (None, 0)]
-            if failed:
+            codes = [_exit_code(w.poll()) for w in workers if w.poll() is not None]
+            if stopped_at is None and any(c in STOPPED for c in codes):
+                stopped_at = time.monotonic()
+            late = stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S
+            if late or any(c not in (0, *STOPPED) for c in codes):
                 _stop(workers, signal.SIGTERM)
                 for w in workers:
                     try:
@@ -85,11 +126,14 @@ def wait(workers: list[subprocess.Popen]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    codes = [w.wait() for w in workers]
-    return next((c for c in codes if c != 0), 0)
+    codes = [_exit_code(w.wait()) for w in workers]
+    failed = [c for c in codes if c not in (0, *STOPPED)]
+    return (failed or [c for c in codes if c] or [0])[0]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]]]:
+    """The launch folder and each worker's run.py command, from the launch's command line;
+    bad input exits with one line, before any worker starts (and before TensorFlow loads)."""
     parser = argparse.ArgumentParser(
         prog="python -m runner.launch",
         description="Start N local workers of one multi-worker job (distribution=multi_worker).",
@@ -98,38 +142,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, default=None, help="launch folder (default outputs/launch/<time>)"
     )
+    parser.add_argument(
+        "--resume", type=Path, default=None, help="a launch folder whose workers were stopped"
+    )
     parser.add_argument("overrides", nargs="*", help="run.py overrides, after --")
     args = parser.parse_args(argv)
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    if args.resume is not None:
+        count = launched_workers(args.resume)
+        if count < 2 or args.overrides:
+            parser.exit(
+                2,
+                f"error: --resume={args.resume}: expected the folder of a launch "
+                "(worker<i>/run.json) and no overrides: the job is the one it ran\n",
+            )
+        return args.resume, [resume_args(args.resume, i, stamp) for i in range(count)]
     if args.workers < 2:
-        print(f"error: --workers={args.workers}: expected an integer >= 2", file=sys.stderr)
-        return 2
-    # The command line is checked once, before any worker starts (one line, no TensorFlow).
+        parser.exit(2, f"error: --workers={args.workers}: expected an integer >= 2\n")
     from runner.cli import check_command_line
 
     check_command_line(["distribution=multi_worker", *args.overrides])
-    folder = args.dir or Path("outputs") / "launch" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    folder = args.dir or Path("outputs") / "launch" / stamp.replace("_", "/")
+    return folder, [worker_args(args.overrides, folder, i) for i in range(args.workers)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    folder, commands = _arguments(argv)
     folder.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(args.workers)
+    ports = free_ports(len(commands))
     workers = []
-    for i in range(args.workers):
-        env = {**os.environ, "TF_CONFIG": tf_config(ports, i)}
-        log = None if i == 0 else open(folder / f"worker{i}.log", "w")  # noqa: SIM115
+    for i, command in enumerate(commands):
+        env = {**os.environ, "TF_CONFIG": tf_config(ports, i), LAUNCH_ENV: str(folder)}
+        log = None if i == 0 else open(folder / f"worker{i}.log", "a")  # noqa: SIM115
         workers.append(
             subprocess.Popen(
-                worker_args(args.overrides, folder, i),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT if log else None,
+                command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None
             )
         )
     print(
-        f"tfmemlab: launch: {args.workers} workers on 127.0.0.1 ports "
+        f"tfmemlab: launch: {len(commands)} workers on 127.0.0.1 ports "
         f"{', '.join(map(str, ports))}; worker 0 (the chief) below, the others in "
         f"{folder}/worker<i>.log",
         flush=True,
     )
     code = wait(workers)
-    if code:
+    if code in STOPPED:
+        print(f"tfmemlab: launch: stopped; go on with: python -m runner.launch --resume {folder}")
+    elif code:
         print(f"tfmemlab: launch: a worker failed (exit {code}); see {folder}", file=sys.stderr)
     return code
 

@@ -87,7 +87,8 @@ def train(
 
     step_metrics: optional callable returning extra per-step metrics (the loss scale).
     state: checkpointed every state.every steps, and when SIGTERM/SIGINT arrives: the step
-    under way finishes, its checkpoint is written, and Interrupted is raised.
+    under way finishes, its checkpoint is written, and Interrupted is raised (in a
+    multi-worker job on every worker after the same step: state.workers).
     """
     history = History(first_step=first_step)
     bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"]) if progress else None
@@ -140,12 +141,16 @@ def train(
             if bar is not None:
                 bar.update(step, [("loss", loss)])
             last = step == total_steps and state is not None and state.every > 0
-            if state is not None and (state.due(step) or stop.signum or last):
+            workers = state.workers if state is not None else None
+            alone = stop.signum and workers is None  # this process stops on its own
+            if state is not None and (state.due(step) or alone or last):
                 # Metrics first: a kill between the two then costs steps that run again
                 # and are not logged twice (Tracker.logged), not steps lost for good.
                 tracker.flush()
                 state.save(step)
-            if stop.signum:
+            if workers is not None and step < total_steps:
+                workers.after_step(step)  # on a signal anywhere: all save, then Interrupted
+            if alone:
                 if state is None:
                     raise KeyboardInterrupt
                 raise Interrupted(stop.signum, step, state.run_dir)

@@ -69,6 +69,13 @@ class StopOnSignal:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    def take_back(self) -> None:
+        """Handle SIGTERM and SIGINT here again. TensorFlow's coordination service (a
+        multi-worker strategy) installs a SIGTERM handler of its own in C++, over Python's:
+        measured, a SIGTERM after MultiWorkerMirroredStrategy() left `signum` None."""
+        for sig in self._previous:
+            signal.signal(sig, self._handle)
+
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -189,6 +196,9 @@ class TrainState:
 
         self.every, self.run_dir, self.iterator = every, run_dir, iterator
         self.stop: StopOnSignal | None = stop  # installed for the whole job by runner.train
+        # A multi-worker job's workers agree on the step to stop at on a signal
+        # (runner.techniques.distribution.WorkersStop); None: this process stops on its own.
+        self.workers = None
         self.steps_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
         state = {
             # Lists of variables, in the order the job builds them: the model's include the
@@ -210,6 +220,9 @@ class TrainState:
         return self.every > 0 and step % self.every == 0
 
     def save(self, step: int) -> str:
+        latest = self.manager.latest_checkpoint
+        if latest is not None and latest.endswith(f"ckpt-{step}"):
+            return latest  # a signal's save after the step's own
         self.steps_done.assign(step)
         return self.manager.save(checkpoint_number=step)
 

@@ -212,6 +212,14 @@ def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: 
     state = resume.TrainState(
         run_dir, built, optimizer, iter(batches), pruner, cfg.trainer.checkpoint_every, stop
     )
+    if cfg.distribution.strategy == "multi_worker":
+        state.workers = distribution.WorkersStop(
+            st,
+            run_dir,
+            stop,
+            lambda step: (tracker.flush(), state.save(step)),
+            lambda signum, step: resume.Interrupted(signum, step, run_dir),
+        )
     first = 1
     if resuming:
         first = state.restore() + 1
@@ -299,6 +307,7 @@ def run(cfg: DictConfig) -> dict:
         if plan_record is not None:
             plan.log_plan(tracker, plan_record, run_dir)
         dev, name, jit, st = _log_setup(tracker, cfg, overrides if point is None else None)
+        stop.take_back()  # from TensorFlow's coordination service (multi_worker)
         notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg, dev)) if n]
         for note in notes:
             print(f"note: {note}", file=sys.stderr)

@@ -7,11 +7,14 @@ Adam's weights.
 """
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
@@ -29,13 +32,13 @@ def _weights(run_dir: Path) -> dict[str, np.ndarray]:
     return {n: reader.get_tensor(n) for n in names}
 
 
-def _train(tmp_path: Path, store: str, name: str, *extra: str) -> Path:
+def _train(tmp_path: Path, store: str, name: str, *extra: str, steps: int = STEPS) -> Path:
     run_dir = tmp_path / name
     args = [
         *tiny_overrides("transformer", store),
         *SGD,
-        f"trainer.max_steps={STEPS}",
-        f"trainer.checkpoint_every={STEPS}",
+        f"trainer.max_steps={steps}",
+        f"trainer.checkpoint_every={steps}",
         "data.train_samples=64",
         f"mlflow.run_name={name}",
         f"hydra.run.dir={run_dir}",
@@ -113,29 +116,79 @@ def test_mirrored_on_two_logical_cpus_matches_one_device_at_the_same_global_batc
     assert not any(k.startswith("mem/peak_bytes_per_replica/") for k in run_two.data.metrics)
 
 
-@pytest.mark.slow
-def test_two_local_workers_end_equal_to_one_device_and_log_one_run(tmp_path, store):
-    # accum=2: each worker's micro-batch gradients add up in its own sums before the update.
-    one = _train(tmp_path, store, "one", "data.batch_size=8", "accum=2")
-    folder = tmp_path / "launch"
-    args = [
-        *tiny_overrides("transformer", store),
-        *SGD,
-        f"trainer.max_steps={STEPS}",
-        f"trainer.checkpoint_every={STEPS}",
-        "data.train_samples=64",
-        "data.batch_size=4",  # per worker: the global micro-batch is 8, as on one device
-        "accum=2",
-        "mlflow.run_name=workers",
-    ]
-    result = subprocess.run(
-        [sys.executable, "-m", "runner.launch", "--workers", "2", "--dir", str(folder), *args],
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runner.launch", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-3000:] + (folder / "worker1.log").read_text()
+
+
+def _sigterm_worker1_after_a_checkpoint(launch: subprocess.Popen, folder: Path) -> None:
+    """SIGTERM to worker 1 alone (a preempted machine), once it has checkpointed a step."""
+    index = folder / "worker1" / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + 300
+    while not index.is_file() and launch.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    worker1 = next(
+        p
+        for p in psutil.Process(launch.pid).children()
+        if str(folder / "worker1") in " ".join(p.cmdline())
+    )
+    worker1.send_signal(signal.SIGTERM)
+
+
+def _checkpointed_steps(run_dir: Path) -> int:
+    return int(tf.train.latest_checkpoint(str(run_dir / "checkpoints")).rsplit("-", 1)[1])
+
+
+@pytest.mark.slow
+def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(tmp_path, store):
+    """Two workers through runner.launch; SIGTERM reaches worker 1 alone mid-run. Both stop
+    after the same step with their checkpoints (PreemptionCheckpointHandler), the chief's run
+    KILLED; `runner.launch --resume` goes on to the end. The weights then equal one device's
+    at the same global batch, in one MLflow run holding both workers' figures."""
+    steps, every = 300, 20
+    # accum=2: each worker's micro-batch gradients add up in its own sums before the update.
+    one = _train(tmp_path, store, "one", "data.batch_size=8", "accum=2", steps=steps)
+    folder = tmp_path / "launch"
+    workers = [
+        *tiny_overrides("transformer", store),
+        *SGD,
+        f"trainer.max_steps={steps}",
+        "data.train_samples=64",
+        "accum=2",
+        f"trainer.checkpoint_every={every}",
+        "data.batch_size=4",  # per worker: the global micro-batch is 8, as on one device
+        "mlflow.run_name=workers",
+    ]
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "runner.launch", "--workers", "2", "--dir", str(folder), *workers],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _sigterm_worker1_after_a_checkpoint(launch, folder)
+    out, _ = launch.communicate(timeout=600)
+    log1 = (folder / "worker1.log").read_text()
+    assert launch.returncode == 143, out[-3000:] + log1[-3000:]
+    assert f"go on with: python -m runner.launch --resume {folder}" in out
+    # The chief, which had no signal, stopped after the same step, with the same checkpoint.
+    stopped = _checkpointed_steps(folder / "worker1")
+    assert every <= stopped < steps
+    assert _checkpointed_steps(folder / "worker0") == stopped
+    assert f"stopped by SIGTERM after optimizer step {stopped}" in out
+    run, losses = _run(store, "workers")
+    assert run.info.status == "KILLED" and len(losses) == stopped
+
+    result = _launch("--resume", str(folder))
+    assert result.returncode == 0, (
+        result.stdout[-3000:] + (folder / "worker1.log").read_text()[-3000:]
+    )
+    assert f"resumed after optimizer step {stopped}" in result.stdout
     single = _weights(one)
     first, second = _weights(folder / "worker0"), _weights(folder / "worker1")
     assert single.keys() == first.keys() == second.keys() and len(single) > 4
@@ -149,8 +202,10 @@ def test_two_local_workers_end_equal_to_one_device_and_log_one_run(tmp_path, sto
     assert sorted(r.info.run_name for r in runs) == ["one", "workers"]
     run, losses = _run(store, "workers")
     _, losses_one = _run(store, "one")
+    steps_logged = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps_logged) == list(range(1, steps + 1))  # each step once
     np.testing.assert_allclose(losses, losses_one, atol=1e-5)
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and run.data.tags["resumed_from_step"] == str(stopped)
     assert run.data.params["replicas"] == "2" and run.data.params["effective_batch_size"] == "16"
     m = run.data.metrics
     peaks = [m[f"mem/peak_bytes_per_replica/{i}"] for i in range(2)]

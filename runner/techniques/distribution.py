@@ -18,11 +18,15 @@ same global batch, in the same order (the tests compare weights to 1e-5).
 
 import json
 import os
+import signal
+from collections.abc import Callable
 
 import tensorflow as tf
 
 # Set by srun for each task of a SLURM job step: SlurmClusterResolver reads the cluster there.
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
+# Where PreemptionCheckpointHandler keeps its own (empty) checkpoint, in the run directory.
+PREEMPTION_DIR = "preemption"
 
 
 def _tf_config() -> dict:
@@ -167,3 +171,43 @@ def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict
     out["mem/peak_bytes"] = max(peaks)
     out["mem/measured_over_estimate"] = max(peaks) / figures["mem/estimate_bytes"]
     return out, {"mem/peak_scope": "the largest replica's (each has its own allocator)"}
+
+
+class WorkersStop:
+    """A multi-worker job's stop on a signal: SIGTERM or SIGINT on any one worker stops every
+    worker after the same optimizer step, each with its checkpoint, through
+    tf.distribute.experimental.PreemptionCheckpointHandler (issue 18). A worker that stopped
+    on its own would leave the others waiting for it in the next step's all-reduce.
+
+    The handler learns of a signal from `stop` (runner.resume.StopOnSignal, which it polls
+    every second) instead of taking SIGTERM's handler over; it tells the other workers through
+    the cluster's coordination service, and all of them call `save(step)` after the step it
+    names, then `after_step` raises the exception `interrupted(signum, step)` makes: a worker
+    the signal did not reach stops as SIGTERM would have stopped it.
+    """
+
+    def __init__(self, strategy, run_dir, stop, save: Callable[[int], object], interrupted):
+        self.stop, self.interrupted, self.saved = stop, interrupted, 0
+        config = tf.distribute.experimental.TerminationConfig(
+            termination_watcher_fn=lambda: stop.signum is not None,
+            exit_fn=self._exit,
+            grace_period=0,
+            save_fn=lambda step: (save(step), setattr(self, "saved", step)),
+        )
+        # The handler restores its manager's newest checkpoint when it is made, and counts
+        # steps from the count saved there. Its own empty one keeps that count at 0 on every
+        # worker (they all start from the same step); the job's state is restored by
+        # runner.resume and saved by `save` into the run's checkpoints.
+        manager = tf.train.CheckpointManager(
+            tf.train.Checkpoint(), str(run_dir / PREEMPTION_DIR), max_to_keep=1
+        )
+        self.handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver, manager, termination_config=config
+        )
+
+    def _exit(self) -> None:
+        raise self.interrupted(self.stop.signum or signal.SIGTERM, self.saved)
+
+    def after_step(self, step: int) -> None:
+        """Once per optimizer step on every worker (the handler counts the calls)."""
+        self.handler.save_checkpoint_if_preempted(step)
