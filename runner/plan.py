@@ -166,7 +166,7 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     and pruning, from the analytic estimate of the model as the run builds it."""
     import keras
 
-    from runner.measure import estimate, report
+    from runner.measure import estimate, flops, report
     from runner.step import build_optimizer, resolve_jit
     from runner.techniques import checkpointing, precision
     from runner.train import build_model
@@ -186,8 +186,8 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
             built, optimizer, with_batch(cfg, 2, 2), spec, cpu_xla, remat
         )
         flops_cfg = with_batch(cfg, effective, 1)
-        model_flops = estimate.model_flops_per_step(built, flops_cfg, spec)
-        hardware = estimate.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
+        model_flops = flops.model_flops_per_step(built, flops_cfg, spec)
+        hardware = flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
     fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks")}
     per_sample = (two["activations"] + two["workspace"]) - (one["activations"] + one["workspace"])
     line = Line(sum(fixed.values()), two["accumulation"], per_sample, fixed)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runner.measure import cpu_peak, estimate
+from runner.measure import cpu_peak, flops
 
 CPU = "/CPU:0"
 
@@ -49,7 +49,7 @@ def _write_entry(tmp_path, dtype: str, peak: float) -> str:
 def test_calibration_keeps_best_trial_date_and_load(tmp_path, policy, dtypes, old_cache):
     if old_cache:  # the format before issue 13, {cpu: FLOP/s}: replaced, not read
         (tmp_path / cpu_peak.CACHE_FILE).write_text(json.dumps({cpu_peak._cpu_key(): 1.0}))
-    peak, source = estimate.peak_flops(CPU, policy, tmp_path)
+    peak, source = flops.peak_flops(CPU, policy, tmp_path)
     assert source == "cpu_calibrated"
     cache = _cache(tmp_path)
     assert list(cache) == [f"{cpu_peak._cpu_key()} {cpu_peak.POLICY_DTYPES[policy]}"]
@@ -65,7 +65,7 @@ def test_calibration_keeps_best_trial_date_and_load(tmp_path, policy, dtypes, ol
 @pytest.mark.parametrize("achieved", [math.nan, 1e14])
 def test_cached_peak_above_the_run_is_read_back_as_is(tmp_path, achieved):
     text = _write_entry(tmp_path, "float32", 1e15)
-    assert estimate.peak_flops(CPU, "float32", tmp_path, achieved=achieved) == (
+    assert flops.peak_flops(CPU, "float32", tmp_path, achieved=achieved) == (
         1e15,
         "cpu_calibrated",
     )
@@ -75,26 +75,26 @@ def test_cached_peak_above_the_run_is_read_back_as_is(tmp_path, achieved):
 def test_run_above_cached_peak_recalibrates(tmp_path):
     # A calibration far too low, as if taken on a busy machine; the run achieved 100x more.
     _write_entry(tmp_path, "float32", 1e6)
-    flops, seconds = 1e8, 1.0
-    achieved = estimate.achieved_flops(flops, seconds)
-    peak, source = estimate.peak_flops(CPU, "float32", tmp_path, achieved=achieved)
+    per_step, seconds = 1e8, 1.0
+    achieved = flops.achieved_flops(per_step, seconds)
+    peak, source = flops.peak_flops(CPU, "float32", tmp_path, achieved=achieved)
     entry = _cache(tmp_path).popitem()[1]
     assert source == "cpu_calibrated" and peak == entry["peak_flops"] > achieved
     assert peak == max(entry["trials"]["float32"])  # measured, not the run's figure
     assert entry["recalibrations"] == 1 and "achieved 1e+08 FLOP/s" in entry["reason"]
     assert entry["previous"]["peak_flops"] == 1e6 and entry["previous"]["loadavg"] == [9.0] * 3
-    assert 0 < estimate.mfu(flops, seconds, peak) <= 1
+    assert 0 < flops.mfu(per_step, seconds, peak) <= 1
 
 
 def test_run_above_a_fresh_calibration_becomes_the_peak(tmp_path):
     # 1e18 FLOP/s beats any CPU's matmuls: after recalibrating, the run's own rate is the best
     # lower bound of the peak, named as such, and the MFU is 1, not above.
     _write_entry(tmp_path, "bfloat16", 1e6)
-    peak, source = estimate.peak_flops(CPU, "mixed_bfloat16", tmp_path, achieved=1e18)
+    peak, source = flops.peak_flops(CPU, "mixed_bfloat16", tmp_path, achieved=1e18)
     assert (peak, source) == (1e18, "cpu_achieved")
     entry = _cache(tmp_path).popitem()[1]
     assert entry["source"] == "cpu_achieved" and max(entry["trials"]["float32"]) < 1e18
-    assert estimate.mfu(1e18, 1.0, peak) == 1.0
+    assert flops.mfu(1e18, 1.0, peak) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_run_above_a_fresh_calibration_becomes_the_peak(tmp_path):
     ],
 )
 def test_achieved_flops(args, expected):
-    value = estimate.achieved_flops(*args)
+    value = flops.achieved_flops(*args)
     assert (math.isnan(value) and math.isnan(expected)) or value == expected
 
 

@@ -10,7 +10,7 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner.measure import estimate  # noqa: E402
+from runner.measure import estimate, flops  # noqa: E402
 from runner.step import build_optimizer  # noqa: E402
 from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.train import build_model  # noqa: E402
@@ -171,7 +171,7 @@ def test_transformer_flops_palm_formula():
     h, s, b = cfg.model.h, spec.seq_len, cfg.data.batch_size
     n = model.count_params() - spec.vocab_size * h - s * h  # minus token + position embeddings
     expected = (6 * n + 12 * cfg.model.layers * h * s) * b * 2 * s
-    assert estimate.model_flops_per_step(model, cfg, spec) == expected
+    assert flops.model_flops_per_step(model, cfg, spec) == expected
 
 
 def tiny_cnn():
@@ -193,11 +193,11 @@ def test_cnn_flops_from_profiler():
     spec = DataSpec("image", (8, 8, 3), 5)
     cfg = compose_config(tiny_overrides("mobilenet") + ["accum=2"])
     model = tiny_cnn()
-    assert estimate._kernel_macs(model) == HAND_MACS
-    forward = estimate.graph_forward_flops(model, spec)
+    assert flops.kernel_macs(model) == HAND_MACS
+    forward = flops.graph_forward_flops(model, spec)
     # The profiler counts 2 per MAC plus the bias adds (144 + 5).
     assert 2 * HAND_MACS <= forward <= 1.05 * 2 * HAND_MACS
-    step = estimate.model_flops_per_step(model, cfg, spec)
+    step = flops.model_flops_per_step(model, cfg, spec)
     assert step == 3 * forward * cfg.data.batch_size * 2
 
 
@@ -216,12 +216,12 @@ def test_cnn_flops_from_profiler():
     ],
 )
 def test_gpu_peak_table(name, policy, tf32, peak, source, tmp_path):
-    assert estimate.peak_flops(name, policy, tmp_path, tf32) == (peak, source)
+    assert flops.peak_flops(name, policy, tmp_path, tf32) == (peak, source)
 
 
 @pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA A10G", "/GPU:0"])
 def test_unknown_gpu_is_nan(name, tmp_path):
-    value, source = estimate.peak_flops(name, "float32", tmp_path)
+    value, source = flops.peak_flops(name, "float32", tmp_path)
     assert math.isnan(value) and source == "unknown"
 
 
@@ -236,7 +236,7 @@ def test_unknown_gpu_is_nan(name, tmp_path):
     ],
 )
 def test_mfu(args, expected):
-    value = estimate.mfu(*args)
+    value = flops.mfu(*args)
     assert (math.isnan(value) and math.isnan(expected)) or value == expected
 
 

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from models.transformer import TransformerBlock
-from runner.measure import estimate, layers, profile, roofline
+from runner.measure import flops, layers, profile, roofline
 from runner.train import run
 from tests.conftest import run_cli
 
@@ -106,9 +106,9 @@ def test_kernel_flops_add_up_to_the_models_macs():
     rows = layers.model_rows(model, 2, None)
     kernel_rows = [r for r in rows if r.kind in ("Conv2D", "DepthwiseConv2D", "Dense")]
     assert len(kernel_rows) == 35 + 17 + 1
-    flops = sum(r.flops for r in kernel_rows)
+    counted = sum(r.flops for r in kernel_rows)
     # MobileNetV2's convolutions have no bias (BatchNorm follows); the Dense head has 10.
-    assert flops == 2 * 2 * estimate._kernel_macs(model) + 2 * 10
+    assert counted == 2 * 2 * flops.kernel_macs(model) + 2 * 10
     depthwise = next(r for r in kernel_rows if r.kind == "DepthwiseConv2D")
     assert depthwise.flops == 2 * 2 * 16 * 16 * 16 * 3 * 3  # b, 16x16 positions, 16 ch, 3x3
 

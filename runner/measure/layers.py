@@ -78,7 +78,7 @@ def _element_flops(kind_name: str, n_inputs: int, in_elements: int, out_elements
 
 def _kernel_flops(op, out_elements: int, out_channels: int) -> float | None:
     """2 x MACs (+ bias) of a layer with a kernel: the whole kernel is applied once per output
-    position (output elements / output channels), as estimate._kernel_macs counts it: Conv2D
+    position (output elements / output channels), as flops.kernel_macs counts it: Conv2D
     kh*kw*cin*cout, DepthwiseConv2D kh*kw*cin*multiplier, Dense in*out MACs per position."""
     kernel = getattr(op, "kernel", None)
     if not isinstance(kernel, keras.Variable):

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from models.spec import DataSpec
 from runner.loop import History
-from runner.measure import estimate
+from runner.measure import estimate, flops
 from runner.measure.telemetry import Memory, speed_figures, timeline_png
 from runner.techniques.checkpointing import RematInfo
 from runner.techniques.pruning import Pruner, gzip_weights_bytes
@@ -72,21 +72,21 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
 
 
 def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], str]:
-    flops = estimate.model_flops_per_step(facts.model, cfg, facts.spec)
-    hardware = estimate.hardware_flops_per_step(flops, facts.model, cfg, facts.spec, facts.remat)
+    model = flops.model_flops_per_step(facts.model, cfg, facts.spec)
+    hardware = flops.hardware_flops_per_step(model, facts.model, cfg, facts.spec, facts.remat)
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     # A run faster than the cached CPU peak makes it calibrate again (an MFU above 1 is
     # impossible); the hardware rate (recomputation included) keeps HFU <= 1 as well.
-    achieved = estimate.achieved_flops(hardware, step_time_s)
-    peak, source = estimate.peak_flops(
+    achieved = flops.achieved_flops(hardware, step_time_s)
+    peak, source = flops.peak_flops(
         facts.device_name, cfg.precision.policy, CACHE_DIR, tf32, achieved=achieved
     )
     return {
-        "speed/flops_per_step": flops,
+        "speed/flops_per_step": model,
         "speed/hardware_flops_per_step": hardware,  # with checkpointing's recomputation
         "speed/peak_flops": peak,
-        "speed/mfu": estimate.mfu(flops, step_time_s, peak),
-        "speed/hfu": estimate.mfu(hardware, step_time_s, peak),
+        "speed/mfu": flops.mfu(model, step_time_s, peak),
+        "speed/hfu": flops.mfu(hardware, step_time_s, peak),
     }, source
 
 

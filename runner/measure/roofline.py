@@ -9,11 +9,11 @@ recomputing them saves time and memory where a matmul would not.
 import math
 import re
 
-from runner.measure import cpu_peak, estimate
+from runner.measure import cpu_peak, flops
 
 # Memory bandwidth from the vendors' data sheets, bytes/s, by patterns of the names nvidia-smi
 # and TensorFlow report (matched upper-cased; the first that matches wins). Word-bounded like
-# estimate.GPU_PEAKS, so "A10" does not match "A100" nor "L4" "L40S"; each label's first word
+# flops.GPU_PEAKS, so "A10" does not match "A100" nor "L4" "L40S"; each label's first word
 # is its GPU_PEAKS key. The SXM H100 calls itself "NVIDIA H100 80GB HBM3", the PCIe one
 # "NVIDIA H100 PCIe"; A100s name their memory ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB
 # PCIe", "NVIDIA A100-PCIE-40GB"). Other variants (H100 NVL, V100S, A10G) stay unknown rather
@@ -40,7 +40,7 @@ def gpu_bandwidth_label(device_name: str) -> str | None:
 def memory_bandwidth(device_name: str, cache_dir) -> tuple[float, str]:
     """(memory bandwidth in bytes/s, where it came from) of `device_name`.
 
-    A CPU (told apart as estimate.peak_flops does): a copy timed once and cached in cache_dir
+    A CPU (told apart as flops.peak_flops does): a copy timed once and cached in cache_dir
     ("cpu_calibrated"); a GPU: the data-sheet table ("table:<label>"); else (nan, "unknown").
     """
     if "CPU" in device_name.upper():
@@ -54,11 +54,11 @@ def memory_bandwidth(device_name: str, cache_dir) -> tuple[float, str]:
 def ridge_point(
     device_name: str, policy: str, cache_dir, tf32: bool = False, achieved: float = math.nan
 ) -> dict:
-    """The device's peak FLOP/s (as estimate.peak_flops gives it for `policy` and `tf32`;
+    """The device's peak FLOP/s (as flops.peak_flops gives it for `policy` and `tf32`;
     `achieved`, a rate measured on it, above a cached CPU peak calibrates it again), its
     memory bandwidth, their sources, and the ridge point in FLOPs per byte (nan if either
     figure is unknown)."""
-    peak, peak_source = estimate.peak_flops(device_name, policy, cache_dir, tf32, achieved)
+    peak, peak_source = flops.peak_flops(device_name, policy, cache_dir, tf32, achieved)
     bandwidth, bandwidth_source = memory_bandwidth(device_name, cache_dir)
     return {
         "peak_flops": peak,
@@ -73,10 +73,10 @@ def table_ridges() -> dict[str, float]:
     """The lowest ridge point, FLOPs per byte, of each GPU in the bandwidth table, over its
     float32, TF32 and 16-bit peaks: an op below it is memory-bound there at any precision.
 
-    H100 PCIe takes the SXM peaks of estimate.GPU_PEAKS (its own are ~0.76x), so its ridge
+    H100 PCIe takes the SXM peaks of flops.GPU_PEAKS (its own are ~0.76x), so its ridge
     here is ~1.3x too high.
     """
     return {
-        label: min(p for p in estimate.GPU_PEAKS[label.split()[0]] if p) / bandwidth
+        label: min(p for p in flops.GPU_PEAKS[label.split()[0]] if p) / bandwidth
         for label, (_, bandwidth) in GPU_BANDWIDTH.items()
     }
