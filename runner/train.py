@@ -24,7 +24,7 @@ from runner.measure import estimate, profile, report
 from runner.measure.telemetry import Memory, replica_memory
 from runner.step import build_optimizer, make_eval_step, make_train_step, resolve_jit
 from runner.techniques import checkpointing, distribution, precision, pruning
-from runner.track.tracking import WorkerTracker, log_config, mlflow_run, ui_hint
+from runner.track.tracking import WorkerTracker, log_config, mlflow_run
 
 
 def _overrides() -> list[str]:
@@ -56,52 +56,6 @@ def _batchnorm_note(cfg: DictConfig) -> str | None:
             "statistics."
         )
     return None
-
-
-# How the summary names mem/peak_reserved_bytes, by mem/reserved_source.
-_RESERVED_LABEL = {"rss_delta": "process RSS +", "nvidia_smi": "GPU held ", "none": "held ?"}
-
-
-def _summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table) -> str:
-    """The end-of-run summary: printed, and the run's description in the MLflow UI."""
-    losses, final = history.losses, history.evals[-1][1]
-    lines = [
-        f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
-        f"on {dev}: {len(losses)} steps in {seconds:.1f} s"
-        + (
-            f" (resumed: steps {history.first_step}-{history.last_step}; the figures cover "
-            "these only)"
-            if history.first_step > 1
-            else ""
-        ),
-        f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {final['val/loss']:.4f}"
-        f"   val/accuracy {final['val/accuracy']:.4f}",
-    ]
-    if "prune/sparsity" in figures:
-        lines.append(report.pruning_summary(figures))
-    lines.append(
-        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
-        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB; "
-        f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"
-        f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
-        f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "
-        f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
-        f"{figures['speed/compile_s']:.1f} s"
-    )
-    if "mem/peak_scope" in sources:  # under tf.distribute; the estimate is one replica's
-        lines.append(f"  peak of {sources['mem/peak_scope']}; the estimate is one replica's")
-    if table:
-        lines += profile.summary_lines(figures, table)
-    lines += [f"  note: {note}" for note in notes]
-    if isinstance(tracker, WorkerTracker):
-        lines.append("  MLflow: this worker's figures are in the chief's run")
-        return "\n".join(lines)
-    command, url = ui_hint(cfg.mlflow.tracking_uri, tracker.experiment_id, tracker.run_id)
-    lines.append(f"  MLflow: run '{tracker.run_name}' in experiment '{cfg.mlflow.experiment}'")
-    if command:
-        lines.append(f"  open the UI: {command}")
-    lines.append(f"  then: {url}")
-    return "\n".join(lines)
 
 
 def _log_setup(tracker, cfg: DictConfig, overrides: list[str] | None):
@@ -196,17 +150,9 @@ def _build(cfg, tracker, data, total_steps):
     return built, model, remat, optimizer, pruner
 
 
-def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool, stop, st):
-    """Data, model, techniques, optimizer, the loop and the report, on `dev` (or the replicas
-    of the tf.distribute strategy `st`); from the run directory's last checkpoint when
-    `resuming`."""
-    mem = replica_memory(distribution.local_devices(st, dev)) if st else Memory(dev)
-    mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
-    replicas = distribution.replicas(st)
-    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, replicas)
-    total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
-    with st.scope() if st else contextlib.nullcontext():
-        built, model, remat, optimizer, pruner = _build(cfg, tracker, data, total_steps)
+def _state(cfg, st, run_dir, built, optimizer, pruner, data, stop, tracker) -> resume.TrainState:
+    """What a checkpoint holds (runner/resume.py), the data iterator this worker reads among
+    them; in a multi-worker job, the workers' agreement on when to stop on a signal."""
     b = cfg.data.batch_size
     batches = distribution.worker_batches(st, data.train, b) if st else data.train
     state = resume.TrainState(
@@ -220,6 +166,21 @@ def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: 
             lambda step: (tracker.flush(), state.save(step)),
             lambda signum, step: resume.Interrupted(signum, step, run_dir),
         )
+    return state
+
+
+def _job(cfg, tracker, dev: str, name: str, jit: bool, run_dir: Path, resuming: bool, stop, st):
+    """Data, model, techniques, optimizer, the loop and the report, on `dev` (or the replicas
+    of the tf.distribute strategy `st`); from the run directory's last checkpoint when
+    `resuming`."""
+    mem = replica_memory(distribution.local_devices(st, dev)) if st else Memory(dev)
+    mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
+    replicas = distribution.replicas(st)
+    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, replicas)
+    total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+    with st.scope() if st else contextlib.nullcontext():
+        built, model, remat, optimizer, pruner = _build(cfg, tracker, data, total_steps)
+    state = _state(cfg, st, run_dir, built, optimizer, pruner, data, stop, tracker)
     first = 1
     if resuming:
         first = state.restore() + 1
@@ -322,7 +283,9 @@ def run(cfg: DictConfig) -> dict:
             if st is None
             else f"{distribution.replicas(st)} replicas ({cfg.distribution.strategy})"
         )
-        summary = _summary(cfg, where, history, figures, sources, seconds, tracker, notes, table)
+        summary = report.summary(
+            cfg, where, history, figures, sources, seconds, tracker, notes, table
+        )
         tracker.set_tags({"mlflow.note.content": summary})
     print(summary)
     if tracker.lost is not None:

@@ -176,8 +176,9 @@ def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict
 class WorkersStop:
     """A multi-worker job's stop on a signal: SIGTERM or SIGINT on any one worker stops every
     worker after the same optimizer step, each with its checkpoint, through
-    tf.distribute.experimental.PreemptionCheckpointHandler (issue 18). A worker that stopped
-    on its own would leave the others waiting for it in the next step's all-reduce.
+    tf.distribute.experimental.PreemptionCheckpointHandler (issue 18). Were a worker to stop
+    on its own, the others' next all-reduce would fail (measured: UnavailableError, "tasks
+    unhealthy", and the chief's run FAILED instead of resumable).
 
     The handler learns of a signal from `stop` (runner.resume.StopOnSignal, which it polls
     every second) instead of taking SIGTERM's handler over; it tells the other workers through
