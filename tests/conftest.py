@@ -141,3 +141,10 @@ def mlflow_server(tmp_path):
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_mlflow_server(server)
+
+
+def pytest_collection_modifyitems(items):
+    """Slow tests first (in their own order, then the rest): with `-n 2` the long ones are
+    then shared out between the two processes early, instead of one of them running the last
+    long test alone while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -150,7 +150,7 @@ def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(tmp_pa
     after the same step with their checkpoints (PreemptionCheckpointHandler), the chief's run
     KILLED; `runner.launch --resume` goes on to the end. The weights then equal one device's
     at the same global batch, in one MLflow run holding both workers' figures."""
-    steps, every = 300, 20
+    steps, every = 200, 20
     # accum=2: each worker's micro-batch gradients add up in its own sums before the update.
     one = _train(tmp_path, store, "one", "data.batch_size=8", "accum=2", steps=steps)
     folder = tmp_path / "launch"

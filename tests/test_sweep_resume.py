@@ -216,7 +216,7 @@ def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_pat
     steps = 300
     args = [
         "-m",
-        "data.batch_size=4,256,8,12",  # job 2 (256) runs out of memory under the limit
+        "data.batch_size=4,128,8,12",  # job 2 (128: ~74 MiB) runs out of memory under 64
         *MEMORY_BOUND,
         f"trainer.max_steps={steps}",
         "trainer.checkpoint_every=10",
