@@ -138,7 +138,12 @@ def publish(
         f"estimate: params + gradients + optimizer{per}": n * fixed,
     }
     png = timeline_png(
-        history.step_peaks, history.current_bytes, reference, run_dir / "memory_timeline.png", title
+        history.step_peaks,
+        history.current_bytes,
+        reference,
+        run_dir / "memory_timeline.png",
+        title,
+        history.first_step,
     )
     tracker.log_artifact(png)
 

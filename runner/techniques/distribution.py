@@ -17,6 +17,7 @@ same global batch, in the same order (the tests compare weights to 1e-5).
 """
 
 import json
+import logging
 import os
 import signal
 from collections.abc import Callable
@@ -199,6 +200,11 @@ class WorkersStop:
         # steps from the count saved there. Its own empty one keeps that count at 0 on every
         # worker (they all start from the same step); the job's state is restored by
         # runner.resume and saved by `save` into the run's checkpoints.
+        # The handler reads its own deprecated `total_run_calls` when it saves (TF 2.21), and
+        # TensorFlow warns of it: a warning about TensorFlow's code, not the job's.
+        logging.getLogger("tensorflow").addFilter(
+            lambda record: "total_run_calls" not in record.getMessage()
+        )
         manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(), str(run_dir / PREEMPTION_DIR), max_to_keep=1
         )
