@@ -84,6 +84,17 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
     )
 
 
+def run_launch(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m runner.launch ARGS` from the repository, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "runner.launch", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO, run_cli, tiny_overrides
+from tests.conftest import REPO, run_cli, run_launch, tiny_overrides
 
 STEPS = 5
 SGD = ["trainer.optimizer=sgd", "trainer.lr=0.5", "trainer.momentum=0.0"]
@@ -116,16 +116,6 @@ def test_mirrored_on_two_logical_cpus_matches_one_device_at_the_same_global_batc
     assert not any(k.startswith("mem/peak_bytes_per_replica/") for k in run_two.data.metrics)
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runner.launch", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def _sigterm_worker1_after_a_checkpoint(launch: subprocess.Popen, folder: Path) -> None:
     """SIGTERM to worker 1 alone (a preempted machine), once it has checkpointed a step."""
     index = folder / "worker1" / "checkpoints" / "checkpoint"
@@ -184,7 +174,7 @@ def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(tmp_pa
     run, losses = _run(store, "workers")
     assert run.info.status == "KILLED" and len(losses) == stopped
 
-    result = _launch("--resume", str(folder))
+    result = run_launch("--resume", str(folder))
     assert result.returncode == 0, (
         result.stdout[-3000:] + (folder / "worker1.log").read_text()[-3000:]
     )

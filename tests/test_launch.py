@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runner import launch
-from tests.conftest import REPO
+from tests.conftest import run_launch
 
 
 def _worker(code: int, after_s: float = 0.0) -> subprocess.Popen:
@@ -42,16 +42,6 @@ def test_a_stopped_worker_whose_peers_hang_gets_them_stopped(monkeypatch):
     assert hanging.returncode == -15
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runner.launch", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_resume_goes_on_with_every_worker_of_the_launch(tmp_path):
     for i in range(3):
         (tmp_path / f"worker{i}").mkdir()
@@ -74,7 +64,7 @@ def test_resume_goes_on_with_every_worker_of_the_launch(tmp_path):
     ids=["one-worker", "bad-override", "resume-not-a-launch"],
 )
 def test_bad_input_gets_one_line_before_any_worker_starts(tmp_path, args, named):
-    result = _launch(*[a.format(tmp=tmp_path) for a in args])
+    result = run_launch(*[a.format(tmp=tmp_path) for a in args], timeout=120)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and named.format(tmp=tmp_path) in lines[0], result.stderr
