@@ -16,9 +16,10 @@ from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from runner.config import CONF_DIR, ConfigError, group_options, register_configs, validate
-from runner.resume import ResumeError, locate
-from runner.track.server import TrackingError, check_store
+from runner.config import CONF_DIR, group_options, register_configs, validate
+from runner.core.errors import ConfigError, ResumeError, TrackingError
+from runner.track.server import check_store
+from runner.train.rundir import locate
 
 
 def _explain(override: str, others: list[str], err: Exception) -> str:

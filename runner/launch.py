@@ -29,7 +29,7 @@ from pathlib import Path
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
 # Set for every worker: the launch folder, which the worker's messages name.
 LAUNCH_ENV = "TFMEMLAB_LAUNCH"
-# A worker's exit after a signal, checkpointed (runner.resume.Interrupted: 128 + SIGINT/SIGTERM).
+# A worker's exit after a signal, checkpointed (Interrupted: 128 + SIGINT/SIGTERM).
 STOPPED = (130, 143)
 # How long the others have to stop on their own once one worker has stopped on a signal.
 STOP_GRACE_S = 60

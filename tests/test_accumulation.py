@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from models.spec import DataSpec
 from models.transformer import build_transformer
-from runner.step import build_optimizer, make_train_step
+from runner.techniques.accumulation import make_train_step
+from runner.train.optimizer import build_optimizer
 from tests.conftest import compose_config
 
 SPEC = DataSpec("tokens", (8,), 10, vocab_size=16)  # classification: no BatchNorm, no dropout
@@ -44,7 +45,7 @@ def _step_weights(
     keras.utils.set_random_seed(0)
     model = build_transformer(SPEC, h=16, layers=1, heads=2)
     cfg = compose_config([f"trainer.optimizer={optimizer_name}", f"trainer.lr={lr}"])
-    optimizer = wrap(build_optimizer(cfg))
+    optimizer = wrap(build_optimizer(cfg.trainer))
     optimizer.build(model.trainable_variables)
     step = make_train_step(model, optimizer, LOSS, accum, jit)
     x, y = _data()
@@ -114,7 +115,9 @@ def test_a_step_draws_accum_micro_batches_in_order():
     order, and applies nothing when the pipeline runs dry mid-step."""
     keras.utils.set_random_seed(0)
     model = build_transformer(SPEC, h=16, layers=1, heads=2)
-    optimizer = build_optimizer(compose_config(["trainer.optimizer=sgd", "trainer.lr=0.05"]))
+    optimizer = build_optimizer(
+        compose_config(["trainer.optimizer=sgd", "trainer.lr=0.05"]).trainer
+    )
     optimizer.build(model.trainable_variables)
     x, y = _data()
     expected = float(LOSS(y[:16], model(x[:16], training=True)))  # first step: 4 x 4 examples
@@ -183,7 +186,7 @@ def test_lr_schedule_counts_optimizer_steps_not_micro_batches():
     cfg = compose_config(["trainer.schedule=cosine", "trainer.lr=0.1", "trainer.optimizer=sgd"])
     keras.utils.set_random_seed(0)
     model = build_transformer(SPEC, h=16, layers=1, heads=2)
-    optimizer = build_optimizer(cfg, total_steps=10)
+    optimizer = build_optimizer(cfg.trainer, total_steps=10)
     optimizer.build(model.trainable_variables)
     step = make_train_step(model, optimizer, LOSS, 4, jit_compile=False)
     x, y = _data()

@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from runner.config import compose_config
-from runner.track import compare, sweep
-from runner.track.tracking import flatten
+from runner.report import sweep_plots as sweep
+from runner.track import compare
+from runner.track.tracker import flatten
 from tests.test_presets import preset_jobs
 
 MIB = 2**20

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from models.spec import RAW_PIXELS, SIGNED_UNIT
-from runner.data import _token_table, build_data
+from runner.train.data import _token_table, build_data
 from tests.conftest import compose_config, tiny_overrides
 
 

@@ -11,9 +11,9 @@ import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
 from runner.measure import estimate, flops  # noqa: E402
-from runner.step import build_optimizer  # noqa: E402
 from runner.techniques import checkpointing, precision  # noqa: E402
-from runner.train import build_model  # noqa: E402
+from runner.train.job import build_model  # noqa: E402
+from runner.train.optimizer import build_optimizer  # noqa: E402
 from tests.conftest import compose_config, tiny_overrides  # noqa: E402
 
 # What runner/data.py gives the tiny transformer (synthetic tokens) and a tiny CNN.
@@ -34,9 +34,9 @@ def built(model_name="transformer", *extra):
     """(model, optimizer, cfg, spec) as runner.train.run makes them on the CPU."""
     cfg = compose_config(tiny_overrides(model_name) + list(extra))
     spec = TOKENS if model_name == "transformer" else IMAGES
-    with precision.policy(cfg):
-        model = build_model(cfg, spec)
-        optimizer = precision.wrap_optimizer(build_optimizer(cfg), cfg)
+    with precision.policy(cfg.precision):
+        model = build_model(cfg.model, spec)
+        optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer), cfg.precision)
         optimizer.build(model.trainable_variables)
     return model, optimizer, cfg, spec
 
@@ -332,10 +332,10 @@ def test_a_rebuilt_cnn_segment_peaks_with_an_output_and_an_input_gradient(name, 
     cfg = compose_config(
         [*tiny_overrides("mobilenet"), f"precision={name}", "checkpointing=blocks"]
     )
-    with precision.policy(cfg):
+    with precision.policy(cfg.precision):
         model = two_block_cnn()
         _, remat = checkpointing.apply(model, "blocks", 1)
-        optimizer = build_optimizer(cfg)
+        optimizer = build_optimizer(cfg.trainer)
         optimizer.build(model.trainable_variables)
     assert remat.segments == 2
     workspace = estimate.estimate_memory(model, optimizer, cfg, IMAGES, False, remat)["workspace"]

@@ -13,8 +13,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS, input_range  # noqa: E402
-from runner.data import build_data  # noqa: E402
-from runner.train import build_model  # noqa: E402
+from runner.train.data import build_data  # noqa: E402
+from runner.train.job import build_model  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
 
 SIZE = 32
@@ -101,7 +101,7 @@ def test_pipeline_feeds_what_keras_preprocessing_expects(name, fed):
 @pytest.mark.parametrize("name", MODELS)
 def test_input_stage_keeps_the_ramp_under_each_policy(name, fed, policy):
     x, cfg, spec = fed(name)
-    model = build_model(cfg, spec)
+    model = build_model(cfg.model, spec)
     conv = next(layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D))
     assert conv.compute_dtype == keras.DTypePolicy(policy).compute_dtype
     # Everything before the first conv (in-model rescaling, normalisation, padding), then the

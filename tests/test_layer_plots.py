@@ -6,7 +6,7 @@ import math
 import pytest
 from PIL import Image
 
-from runner.measure import layer_plots
+from runner.report import layer_plots
 
 PEAK, BANDWIDTH = 1.5e11, 1e10  # ridge point at 15 FLOPs/byte
 
@@ -100,20 +100,18 @@ def test_long_names_are_cut_in_the_middle_to_the_width():
 def test_labels_stay_apart_and_inside_the_axes_around_a_cluster_in_a_corner():
     """Six named layers on nearly the same spot by the lower left corner: each text must find
     its own place, inside the axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
+    from runner.report import plots
+
     cluster = [row(f"block_{i}_depthwise", 0.06 + 0.002 * i, 1.5e7, 1.0) for i in range(6)]
-    fig, ax = plt.subplots(figsize=(10, 6))
+    fig = plots.figure(10, 6)
+    ax = fig.subplots()
     ax.set(xscale="log", yscale="log", xlim=(0.05, 200), ylim=(1e7, 1e12))
-    layer_plots._label_points(ax, cluster, cluster, [], lambda r: f"{r['name']}\nx ms lost")
+    layer_plots.label_points(ax, cluster, cluster, [], lambda r: f"{r['name']}\nx ms lost")
     fig.canvas.draw()  # places the texts as the saved picture would
     frame = ax.get_window_extent()
     boxes = [Text.get_window_extent(t) for t in ax.texts]  # the words, not the leader lines
-    plt.close(fig)
     assert len(boxes) == 6
     assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 for b in boxes)
     assert all(b.y1 <= frame.y1 for b in boxes)

@@ -212,14 +212,14 @@ def test_profile_leaves_the_runs_own_figures_alone(store, tmp_path):
 @pytest.mark.parametrize("model", ["transformer", "mobilenet", "efficientnet"])
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
 def test_every_family_and_precision_profiles(tiny_cfg, model, policy):
-    from runner.data import build_data
-    from runner.train import build_model
+    from runner.train.data import build_data
+    from runner.train.job import build_model
 
     keras.mixed_precision.set_global_policy(policy)
     try:
         cfg = tiny_cfg(model)
         data = build_data(cfg, image_model=model != "transformer")
-        built = build_model(cfg, data.spec)
+        built = build_model(cfg.model, data.spec)
         x, y = next(iter(data.train))
         seq = data.spec.seq_len if model == "transformer" else None
         table = profile._run_rows(built, 4, seq, x, y, 1)

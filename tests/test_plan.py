@@ -10,7 +10,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
-from runner.plan import PlanError, divisors, parse_bytes, probe
+from runner.core.errors import PlanError
+from runner.core.units import parse_bytes
+from runner.plan.line import divisors
+from runner.plan.probe import probe
 from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
 
 

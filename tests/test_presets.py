@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.cli import CONF_DIR
 from runner.config import register_configs, validate
-from runner.track.tracking import flatten
+from runner.track.tracker import flatten
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 # The effective batch (data.batch_size x accum) each preset's comment promises for every job:

@@ -13,11 +13,14 @@ from omegaconf import OmegaConf
 
 from models.spec import DataSpec
 from models.transformer import TransformerBlock
-from runner.config import ConfigError, PruningConfig, validate
+from runner.config import ConfigError, validate
+from runner.config.schema import PruningConfig
 from runner.measure import estimate
-from runner.step import build_optimizer, make_train_step
 from runner.techniques import pruning
-from runner.train import build_model, run
+from runner.techniques.accumulation import make_train_step
+from runner.train import run
+from runner.train.job import build_model
+from runner.train.optimizer import build_optimizer
 from tests.conftest import compose_config, tiny_overrides
 
 TOKENS = DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16)
@@ -151,14 +154,14 @@ def paths(variables):
 def test_default_selection_skips_embeddings_biases_norms():
     keras.backend.clear_session()
     cfg = compose_config(tiny_overrides("transformer") + ["pruning=constant"])
-    model = build_model(cfg, TOKENS)
+    model = build_model(cfg.model, TOKENS)
     projections = ["attention_output", "key", "query", "value"]
-    assert paths(pruning.select_kernels(model, cfg)) == sorted(
+    assert paths(pruning.select_kernels(model, cfg.pruning)) == sorted(
         [f"block_0/attn/{p}/kernel" for p in projections]
         + ["block_0/mlp_down/kernel", "block_0/mlp_up/kernel", "logits/kernel"]
     )
     cfg.pruning.include, cfg.pruning.exclude = ["mlp_"], ["bias", "norm"]
-    assert paths(pruning.select_kernels(model, cfg)) == [
+    assert paths(pruning.select_kernels(model, cfg.pruning)) == [
         "block_0/mlp_down/kernel",
         "block_0/mlp_up/kernel",
     ]
@@ -167,13 +170,13 @@ def test_default_selection_skips_embeddings_biases_norms():
 def test_first_conv_depthwise_and_batchnorm_are_skipped_and_estimate_agrees():
     keras.backend.clear_session()
     cfg = compose_config(tiny_overrides("mobilenet") + ["pruning=constant"])
-    model = build_model(cfg, IMAGES)
-    chosen = pruning.select_kernels(model, cfg)
+    model = build_model(cfg.model, IMAGES)
+    chosen = pruning.select_kernels(model, cfg.pruning)
     assert "Conv1/kernel" not in paths(chosen)  # MobileNetV2's first conv
     assert "block_1_project/kernel" in paths(chosen)
     assert not [v.path for v in chosen if "depthwise" in v.path]  # as tfmot's prune_registry
     assert all(v.path.endswith("kernel") for v in chosen)
-    optimizer = build_optimizer(cfg)
+    optimizer = build_optimizer(cfg.trainer)
     optimizer.build(model.trainable_variables)
     masks = estimate.estimate_memory(model, optimizer, cfg, IMAGES)["masks"]
     assert masks == sum(4 * v.numpy().size for v in chosen)
@@ -191,7 +194,7 @@ def test_separable_conv_prunes_its_pointwise_kernel_only():
             keras.layers.Dense(2, name="head"),
         ]
     )
-    chosen = pruning.select_kernels(model, compose_config(["pruning=constant"]))
+    chosen = pruning.select_kernels(model, compose_config(["pruning=constant"]).pruning)
     assert [v.name for v in chosen] == ["pointwise_kernel", "kernel"]
     assert [v.path.split("/")[-2] for v in chosen] == ["separable", "head"]
 
@@ -200,7 +203,7 @@ def dense_pruner(overrides, total_steps, optimizer):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, use_bias=False)])
-    return pruning.Pruner(model, compose_config(overrides), total_steps, optimizer)
+    return pruning.Pruner(model, compose_config(overrides).pruning, total_steps, optimizer)
 
 
 @pytest.mark.parametrize("regrow", [True, False])
@@ -268,9 +271,9 @@ def test_pruned_weights_are_zero_after_every_step(optimizer, accum):
     cfg = compose_config(
         tiny_overrides("transformer") + ["pruning=constant", "pruning.frequency=2", *extra]
     )
-    model = build_model(cfg, TOKENS)
-    opt = build_optimizer(cfg)
-    pruner = pruning.Pruner(model, cfg, 6, opt)
+    model = build_model(cfg.model, TOKENS)
+    opt = build_optimizer(cfg.trainer)
+    pruner = pruning.Pruner(model, cfg.pruning, 6, opt)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = make_train_step(model, opt, loss_fn, accum, False, pruner.after_update)
     free = make_train_step(model, opt, loss_fn, accum, False)  # control: no masking
@@ -336,7 +339,7 @@ def test_two_of_four_holds_after_a_run_with_every_other_technique(tiny_cfg, stor
     client = MlflowClient(tracking_uri=store)
     model = pruned_model(client, result["run_id"], "mixed_float16")
     cfg = compose_config(["pruning=m_by_n"])
-    pruner = pruning.Pruner(model, cfg, 3, keras.optimizers.SGD())
+    pruner = pruning.Pruner(model, cfg.pruning, 3, keras.optimizers.SGD())
     assert len(pruner.kernels) == 7
     for kernel, axes in zip(pruner.kernels, pruner.axes, strict=True):
         nonzero = groups_of(kernel.numpy() != 0, axes, 4).sum(axis=1)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from runner.step import make_train_step
 from runner.techniques import pruning
+from runner.techniques.accumulation import make_train_step
 from tests.conftest import compose_config
 
 
@@ -87,7 +87,7 @@ def test_masks_and_weights_equal_tfmot_pruning_at_every_step(tfmot, name, jit):
     cfg = compose_config(SCHEDULES[name])
     model = conv_model()
     optimizer = keras.optimizers.SGD(1.0)  # w - 1 x (-delta) == w + delta, bit for bit
-    pruner = pruning.Pruner(model, cfg, STEPS, optimizer)
+    pruner = pruning.Pruner(model, cfg.pruning, STEPS, optimizer)
     assert [v.path.split("/")[-2] for v in pruner.kernels] == ["conv2d_1", "dense"]
     theirs = [tf.Variable(v.numpy()) for v in pruner.kernels]
     their_masks = [tf.Variable(tf.ones_like(v)) for v in theirs]
@@ -162,7 +162,7 @@ def test_fit_with_tfmot_wrapper_matches_our_train_step(tfmot):
     ours = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, use_bias=False)])
     ours.set_weights([wrapped.layer.kernel.numpy()])
     optimizer = keras.optimizers.SGD(0.3)
-    pruner = pruning.Pruner(ours, cfg, steps, optimizer)
+    pruner = pruning.Pruner(ours, cfg.pruning, steps, optimizer)
 
     def mse(targets, outputs):  # tf_keras's "mse": mean over features, then over the batch
         return tf.reduce_mean(tf.reduce_mean(tf.square(targets - outputs), axis=-1))

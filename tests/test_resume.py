@@ -179,7 +179,7 @@ def test_a_nan_loss_fails_the_run_and_keeps_the_last_checkpoint(tmp_path):
 
 def test_a_reopened_run_logs_no_metric_at_a_step_it_already_has(tmp_path):
     from runner.config import compose_config
-    from runner.track.tracking import mlflow_run
+    from runner.track.lifecycle import mlflow_run
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = compose_config(tiny_overrides("transformer", store))

@@ -26,7 +26,7 @@ from tests.conftest import (
 OPEN_TOGETHER = textwrap.dedent(
     """
     import sys, time
-    from runner.track.tracking import client_for, experiment_id
+    from runner.track.client import client_for, experiment_id
     uri, start = sys.argv[1], float(sys.argv[2])
     time.sleep(max(0.0, start - time.time()))
     client = client_for(uri)
@@ -191,7 +191,7 @@ def test_a_server_lost_mid_run_loses_nothing(tmp_path):
 
 def _store_with_a_run(folder) -> tuple[str, str]:
     """(uri, run id) of a healthy store holding one finished run with a metric."""
-    from runner.track.tracking import client_for, experiment_id
+    from runner.track.client import client_for, experiment_id
 
     uri = f"sqlite:///{folder}/mlflow.db"
     client = client_for(uri)

@@ -14,10 +14,11 @@ import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
-from runner.resume import write_run_file
-from runner.sweep_resume import ATTEMPTS, SWEEP_FILE, plan_job, resume_argv, write_sweep_file
+from runner.sweep.resume import ATTEMPTS, plan_job, resume_argv
+from runner.sweep.state import SWEEP_FILE, write_sweep_file
+from runner.track.client import experiment_id
 from runner.track.compare import sweep_runs
-from runner.track.tracking import experiment_id
+from runner.train.rundir import write_run_file
 from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
 
 # ---- what a relaunched sweep does with each job: real runs, real checkpoints ----------------

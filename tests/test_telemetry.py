@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
-from runner.measure.telemetry import Memory, speed_figures, timeline_figure
+from runner.measure.telemetry import Memory, speed_figures
+from runner.report.timeline import timeline_figure
 from runner.train import run
 from tests.conftest import run_cli
 
@@ -149,8 +150,6 @@ def test_system_metrics_switch_logs_mlflow_system_metrics(tiny_cfg, store):
 
 @pytest.mark.parametrize("first_step", [1, 43])
 def test_the_timeline_numbers_a_resumed_runs_steps_from_the_one_after_its_checkpoint(first_step):
-    import matplotlib.pyplot as plt
-
     peaks, held = [30 * 2**20, 20 * 2**20, 21 * 2**20], [5 * 2**20] * 3
     fig = timeline_figure(peaks, held, {"estimate": 25 * 2**20}, "job", first_step)
     ax = fig.axes[0]
@@ -160,4 +159,3 @@ def test_the_timeline_numbers_a_resumed_runs_steps_from_the_one_after_its_checkp
     assert list(peak_line.get_ydata()) == [30, 20, 21]  # MiB
     expected = "(step 1 traces" if first_step == 1 else "(resumed: step 43 traces"
     assert expected in ax.get_xlabel()
-    plt.close(fig)

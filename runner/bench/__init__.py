@@ -13,40 +13,27 @@ Targets are checked here, by ratios of figures measured in the same run, not by 
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.
 """
 
-import multiprocessing
 import tempfile
 
 from runner.config import compose_config
+from runner.core.process import in_fresh_process
+from runner.core.text import table
+from runner.core.units import mib
 
-
-def table(rows: list[dict], columns: list[str]) -> str:
-    """A plain fixed-width table of rows (dicts) for the terminal."""
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)
+__all__ = ["mib", "run_jobs", "table"]
 
 
 def _run_one(overrides: list[str]) -> dict:
-    from runner.train import run
+    from runner.train.pipeline import run
 
     return run(compose_config(overrides))
 
 
 def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
-    """run(cfg) for each named job, one at a time, each in a fresh process, logged to a
-    throw-away MLflow store. A fresh process per job: TensorFlow keeps memory for the life
-    of a process, and in-process jobs were measured charged for earlier ones."""
+    """run(cfg) for each named job, one at a time, each in a fresh process (runner.core.process),
+    logged to a throw-away MLflow store."""
     results = {}
-    spawn = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp, spawn.Pool(1, maxtasksperchild=1) as pool:
+    with tempfile.TemporaryDirectory() as tmp:
         common = [
             f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
             "mlflow.experiment=bench",
@@ -54,9 +41,5 @@ def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
         ]
         for name, overrides in jobs.items():
             job = overrides + extra + common + [f"mlflow.run_name='{name}'"]
-            results[name] = pool.apply(_run_one, (job,))
+            results[name] = in_fresh_process(_run_one, job)
     return results
-
-
-def mib(n: float) -> float:
-    return n / 2**20

@@ -3,6 +3,8 @@
 import importlib
 import sys
 
+from runner.core.start import import_tensorflow
+
 BENCHES = (
     "overhead",
     "memory",
@@ -18,6 +20,7 @@ BENCHES = (
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in BENCHES:
         raise SystemExit(f"usage: python -m runner.bench {{{','.join(BENCHES)}}} [overrides...]")
+    import_tensorflow()  # quietly, once, before any benchmark imports it
     importlib.import_module(f"runner.bench.{argv[0]}").main(argv[1:])
 
 

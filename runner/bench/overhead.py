@@ -4,7 +4,8 @@ import statistics
 import tempfile
 import time
 
-from runner.bench import compose_config, table
+from runner.config import compose_config
+from runner.core.text import table
 
 # Moderate transformer: big enough that per-step overheads would show, small enough for 2 cores.
 OVERHEAD_MODEL = [
@@ -38,31 +39,33 @@ def main(extra: list[str], steps: int = 20, rounds: int = 12) -> float:
     """
     import keras
 
-    from runner.data import build_data
-    from runner.loop import train
     from runner.measure.telemetry import Memory
-    from runner.step import build_optimizer, make_train_step, resolve_jit
-    from runner.track.tracking import Tracker, client_for
-    from runner.train import build_model
+    from runner.techniques.accumulation import make_train_step
+    from runner.track.client import client_for
+    from runner.track.tracker import Tracker
+    from runner.train.data import build_data
+    from runner.train.job import build_model
+    from runner.train.loop import Steps, train
+    from runner.train.optimizer import build_optimizer, resolve_jit
 
     cfg = compose_config(OVERHEAD_MODEL + extra)
     jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu=False)
     keras.utils.set_random_seed(0)
     data = build_data(cfg, image_model=False)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    ours, theirs = build_model(cfg, data.spec), build_model(cfg, data.spec)
+    ours, theirs = build_model(cfg.model, data.spec), build_model(cfg.model, data.spec)
     theirs.set_weights(ours.get_weights())
-    optimizer = build_optimizer(cfg)
+    optimizer = build_optimizer(cfg.trainer)
     optimizer.build(ours.trainable_variables)
     step = make_train_step(ours, optimizer, loss_fn, 1, jit)
-    theirs.compile(optimizer=build_optimizer(cfg), loss=loss_fn, jit_compile=jit)
+    theirs.compile(optimizer=build_optimizer(cfg.trainer), loss=loss_fn, jit_compile=jit)
     with tempfile.TemporaryDirectory() as tmp:  # the runner logs every step, as in a real run
         client = client_for(f"sqlite:///{tmp}/mlflow.db")
         tracker = Tracker(client, client.create_run(client.create_experiment("bench")).info.run_id)
         mem = Memory("/CPU:0")
 
         def runner_round():
-            train(step, lambda: {}, iter(data.train), steps, tracker, 0, False, mem)
+            train(Steps(step, dict, iter(data.train), steps, progress=False), tracker, mem)
             tracker.flush()
 
         def fit_round():

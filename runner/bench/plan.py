@@ -4,7 +4,7 @@
 
 8 configurations, each at two micro-batch sizes (accum 1): the transformer (h=128, 4 layers,
 128 tokens) and MobileNetV2 (96x96), fp32 and bf16, checkpointing none and blocks. The
-prediction is what `python -m runner.plan` shows (runner/plan.py: the analytic estimate,
+prediction is what `python -m runner.plan` shows (runner/plan/line.py: the analytic estimate,
 fixed + b x per_sample); the measurement is what `accum=auto` trusts (a probe: 3 optimizer
 steps in a fresh process, the allocator's peak after the first step).
 
@@ -13,9 +13,11 @@ Target (issue 17): every prediction within 15% of its measurement, the median wi
 
 import statistics
 
-from runner.bench import table
 from runner.config import compose_config
-from runner.plan import data_spec, device_info, estimate_line, mib, probe
+from runner.core.text import table
+from runner.core.units import mib
+from runner.plan.line import data_spec, device_info, estimate_line
+from runner.plan.probe import probe
 
 MODELS = {
     "transformer": ["model=transformer", "model.h=128", "model.layers=4", "data.seq_len=128"],
@@ -27,9 +29,6 @@ BATCHES = (8, 32)
 
 
 def main(extra: list[str]) -> list[dict]:
-    from runner import import_tensorflow_quietly
-
-    import_tensorflow_quietly()
     on_gpu, name = device_info()
     rows = []
     for model, overrides in MODELS.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from runner.device import cpu_model
+from runner.core.machine import cpu_model
 
 CACHE_FILE = "cpu_peak_flops.json"
 # Compute dtype of each precision policy.

@@ -1,9 +1,10 @@
 """Analytic memory estimate, logged beside the measured peak (FLOPs, MFU: measure/flops.py).
 
 The memory estimate is a model of what training keeps alive at its peak: weights, gradients,
-optimizer slots, the accumulation sum, pruning masks and one micro-batch's activations
-(runner/step.py runs micro-batches one at a time, so only one micro-batch's activations
-live at a time). Its ratio to the measured peak says how much the framework adds or fuses.
+optimizer slots, the accumulation sum, pruning masks and one micro-batch's activations (the
+train step, runner/techniques/accumulation.py, runs micro-batches one at a time, so only one
+micro-batch's activations live at a time). Its ratio to the measured peak says how much the
+framework adds or fuses.
 """
 
 import math
@@ -18,6 +19,11 @@ from runner.techniques.checkpointing import RematInfo, segment_length
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
 ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
 CHECKPOINTING = ("none", "blocks", "sqrt", "every", "selective")
+
+
+def is_cpu_xla(jit: bool, device_name: str) -> bool:
+    """Whether XLA compiles the steps for a CPU (device_name: runner.train.device.describe's)."""
+    return jit and "GPU" not in device_name.upper() and "NVIDIA" not in device_name
 
 
 def _nbytes(variables) -> int:
@@ -210,7 +216,7 @@ def estimate_memory(
             model, cfg.data.batch_size, p, remat or RematInfo()
         )
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
-    kernels = pruning.select_kernels(model, cfg) if cfg.pruning.schedule != "none" else []
+    kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     parts = {
         "params": _nbytes(model.weights),
         "gradients": (
@@ -221,8 +227,8 @@ def estimate_memory(
         # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
         # whose variables include the inner optimizer's) is counted as it is.
         "optimizer": _nbytes(optimizer.variables),
-        # runner/step.py sums micro-batch gradients: one running float32 sum beside the
-        # current micro-batch's gradients.
+        # The train step (runner/techniques/accumulation.py) sums micro-batch gradients: one
+        # running float32 sum beside the current micro-batch's gradients.
         "accumulation": _float32_bytes(trainable) if cfg.accum > 1 else 0,
         "masks": _float32_bytes(kernels),
         "activations": activations,

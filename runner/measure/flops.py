@@ -7,7 +7,7 @@ import re
 import keras
 import tensorflow as tf
 
-from runner.measure import cpu_peak
+from runner.measure import cpu_peak, layers
 from runner.techniques.checkpointing import RematInfo
 
 # Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32 on CUDA cores,
@@ -99,9 +99,16 @@ def hardware_flops_per_step(model_flops: float, model, cfg, spec, remat: RematIn
             return model_flops + float(examples * s * m.layers * 4 * m.h * s)
         return model_flops + float(examples * s * m.layers * (24 * m.h**2 + 4 * m.h * s))
     if remat.policy == "selective":
-        return model_flops + remat.recomputed_flops * examples
+        return model_flops + recomputed_flops(model, remat) * examples
     share = kernel_macs(model, set().union(*remat.segment_ops)) / kernel_macs(model)
     return model_flops * (1 + share / 3)
+
+
+def recomputed_flops(model, remat: RematInfo) -> float:
+    """Forward FLOPs per example that checkpointing runs again in backprop, by the rules of
+    runner/measure/layers.py (selective on a CNN: its runs of cheap layers)."""
+    inside = set().union(*remat.segment_ops) if remat.segments else set()
+    return sum(layers.layer_flops(op) for op in model.operations if op.name in inside)
 
 
 def peak_flops(

@@ -15,7 +15,6 @@ After the run's timed steps (its own figures are already taken), the job is prof
 The model's weights, optimizer state and pruning masks are put back afterwards.
 """
 
-import csv
 import statistics
 import time
 from pathlib import Path
@@ -23,15 +22,10 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from runner.measure import layer_plots, layers, roofline
-from runner.step import make_train_step
+from runner.measure import layers, roofline
+from runner.techniques.accumulation import make_train_step
 
 CACHE_DIR = Path("outputs")  # beside the calibrated CPU peak FLOP/s
-COLUMNS = [
-    "name", "type", "output_shape", "params", "activation_bytes", "forward_flops",
-    "bytes_read", "bytes_written", "intensity", "bound", "time_s", "time_share",
-    "flops_share", "activation_share", "achieved_flops",
-]  # fmt: skip
 TIMING = "isolation: each layer forward+backward in its own tf.function, no XLA, real inputs"
 
 
@@ -139,24 +133,9 @@ def _finish(table: list[dict], step_s: float, accum: int, ridge: float) -> dict:
     }
 
 
-def _write(table, roof, run_dir: Path, title: str) -> list[Path]:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "layers.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(table)
-    return [
-        path,
-        layer_plots.roofline_png(
-            table, roof["peak_flops"], roof["bandwidth"], run_dir / "roofline.png", title
-        ),
-        layer_plots.layers_png(table, run_dir / "layers.png", title),
-    ]
-
-
-def profile_layers(cfg, built, model, optimizer, data, device_name, pruner, run_dir, title):
-    """Profile the job (module docstring): (figures, tags, the rows, artifact paths).
+def profile_layers(cfg, built, model, optimizer, data, pruner, device_name: str):
+    """Profile the job (module docstring): (figures, tags, the rows, the roofline's figures);
+    runner/report/layer_report.py writes them out.
 
     built: the model as built (its layers are the rows); model: as trained (checkpointing's
     wrapper around built, or built itself), whose step is timed.
@@ -192,23 +171,8 @@ def profile_layers(cfg, built, model, optimizer, data, device_name, pruner, run_
         "layers/bandwidth_source": roof["bandwidth_source"],
         "layers/peak_source": roof["peak_source"],
     }
-    return figures, tags, table, _write(table, roof, run_dir, title)
+    return figures, tags, table, roof
 
 
 def _masks(pruner) -> list:
     return list(pruner.masks) if pruner else []
-
-
-def summary_lines(figures: dict, table: list[dict]) -> list[str]:
-    """The end-of-run summary's lines on the profile."""
-    top = sorted(table, key=lambda r: r["activation_bytes"], reverse=True)[:5]
-    held = ", ".join(f"{r['name']} {r['activation_bytes'] / 2**20:.1f} MiB" for r in top)
-    return [
-        "  layers (profiled without XLA, each timed forward+backward in isolation): "
-        f"memory-bound layers: {figures['layers/memory_bound_flops_frac']:.0%} of FLOPs, "
-        f"{figures['layers/memory_bound_time_frac']:.0%} of time, "
-        f"{figures['layers/memory_bound_activation_frac']:.0%} of activations",
-        f"  most activation memory: {held}",
-        f"  per-layer times add up to {figures['layers/sum_over_step_time']:.2f}x the step "
-        f"time without XLA ({figures['layers/step_time_noxla_s'] * 1e3:.1f} ms)",
-    ]

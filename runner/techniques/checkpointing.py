@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 import keras
 import tensorflow as tf
 
-from runner.measure import layers
-
 # Block names in keras.applications and models/transformer.py: block_3_expand (MobileNetV2),
 # expanded_conv_2_add (MobileNetV3, V2's first block), block2a_dwconv (EfficientNet), block_0.
 _BLOCK = re.compile(r"^(block_?\d+[a-z]?|expanded_conv(?:_\d+)?)(?:_|$)")
@@ -43,9 +41,6 @@ class RematInfo:
     segment_outputs: list[str] = field(default_factory=list)
     # selective on a CNN: each segment's input (a convolution's output), kept for backward
     segment_inputs: list[str] = field(default_factory=list)
-    # selective on a CNN: forward FLOPs per example run again in backprop, as
-    # runner/measure/layers.py counts them
-    recomputed_flops: float = 0.0
 
     @property
     def segments(self) -> int:
@@ -249,7 +244,6 @@ def selective(model: keras.Model) -> tuple[keras.Model, RematInfo]:
         info.segment_ops.append({op.name for op in chain})
         info.segment_outputs.append(chain[-1].name)
         info.segment_inputs.append(chain[0]._inbound_nodes[0].parent_nodes[0].operation.name)
-        info.recomputed_flops += sum(layers.layer_flops(op) for op in chain)
     inside = {id(op) for chain in chains for op in chain} - set(lasts)
 
     def call(layer, *args, **kwargs):

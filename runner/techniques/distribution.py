@@ -1,7 +1,7 @@
 """tf.distribute for tfmemlab's own loop: replicas, their data, and who logs (issue 18).
 
 `distribution.strategy`:
-- `none`: one device, the compiled step as it is (runner/step.py).
+- `none`: one device, the compiled step as it is (runner/techniques/accumulation.py).
 - `mirrored`: tf.distribute.MirroredStrategy over the GPUs (or `distribution.devices`); with
   `distribution.logical_cpus=N` over N logical CPU devices, which is how a machine without GPUs
   (and the tests) runs it, as Keras tests its own TF distribution code.
@@ -17,7 +17,6 @@ same global batch, in the same order (the tests compare weights to 1e-5).
 """
 
 import json
-import logging
 import os
 import signal
 from collections.abc import Callable
@@ -49,10 +48,11 @@ def task() -> tuple[str, int]:
     return "worker", 0
 
 
-def is_chief(cfg) -> bool:
+def is_chief(d) -> bool:
     """Whether this process logs to MLflow: every single-process job, and in a multi-worker job
-    the chief (TF_CONFIG's `chief` task, or worker 0 when the cluster has no chief)."""
-    if cfg.distribution.strategy != "multi_worker":
+    the chief (TF_CONFIG's `chief` task, or worker 0 when the cluster has no chief).
+    d: cfg.distribution."""
+    if d.strategy != "multi_worker":
         return True
     kind, index = task()
     cluster = _tf_config().get("cluster", {})
@@ -67,9 +67,9 @@ def split_cpu(count: int) -> None:
     )
 
 
-def make_strategy(cfg, gpus: list) -> tf.distribute.Strategy | None:
-    """The job's strategy (None for `none`); logical CPUs are split here, first."""
-    d = cfg.distribution
+def make_strategy(d, gpus: list) -> tf.distribute.Strategy | None:
+    """The strategy of cfg.distribution `d` (None for `none`); logical CPUs are split here,
+    first."""
     if d.strategy == "none":
         return None
     if d.logical_cpus:
@@ -181,7 +181,7 @@ class WorkersStop:
     on its own, the others' next all-reduce would fail (measured: UnavailableError, "tasks
     unhealthy", and the chief's run FAILED instead of resumable).
 
-    The handler learns of a signal from `stop` (runner.resume.StopOnSignal, which it polls
+    The handler learns of a signal from `stop` (runner.train.signals.StopOnSignal, which it polls
     every second) instead of taking SIGTERM's handler over; it tells the other workers through
     the cluster's coordination service, and all of them call `save(step)` after the step it
     names, then `after_step` raises the exception `interrupted(signum, step)` makes: a worker
@@ -199,12 +199,8 @@ class WorkersStop:
         # The handler restores its manager's newest checkpoint when it is made, and counts
         # steps from the count saved there. Its own empty one keeps that count at 0 on every
         # worker (they all start from the same step); the job's state is restored by
-        # runner.resume and saved by `save` into the run's checkpoints.
-        # The handler reads its own deprecated `total_run_calls` when it saves (TF 2.21), and
-        # TensorFlow warns of it: a warning about TensorFlow's code, not the job's.
-        logging.getLogger("tensorflow").addFilter(
-            lambda record: "total_run_calls" not in record.getMessage()
-        )
+        # runner.train.checkpoint and saved by `save` into the run's checkpoints. (It warns
+        # of its own deprecated `total_run_calls` when it saves: runner.core.start drops it.)
         manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(), str(run_dir / PREEMPTION_DIR), max_to_keep=1
         )

@@ -1,19 +1,16 @@
 """Mixed precision: the Keras dtype policy for the run, and loss scaling for float16."""
 
 import contextlib
-from pathlib import Path
 
 import keras
 from omegaconf import DictConfig
 
+from runner.core.machine import cpu_flags
+
 
 def _cpu_has_bf16() -> bool:
     """AVX512_BF16 or AMX: the CPU instructions for native bfloat16 math."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def cpu_note(policy: str) -> str | None:
@@ -39,30 +36,31 @@ def cpu_note(policy: str) -> str | None:
     return None
 
 
-def note(cfg: DictConfig, dev: str) -> str | None:
-    """What the run's precision policy does on this device, when a CPU changes the story."""
-    return None if dev.startswith("/GPU") else cpu_note(cfg.precision.policy)
+def note(p: DictConfig, dev: str) -> str | None:
+    """What the run's precision (cfg.precision) does on this device, when a CPU changes the
+    story."""
+    return None if dev.startswith("/GPU") else cpu_note(p.policy)
 
 
 @contextlib.contextmanager
-def policy(cfg: DictConfig):
-    """Set the global dtype policy for the run and restore the previous one after it."""
+def policy(p: DictConfig):
+    """Set the global dtype policy of the run's precision (cfg.precision) and restore the
+    previous one after it."""
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(cfg.precision.policy)
+    keras.config.set_dtype_policy(p.policy)
     try:
         yield
     finally:
         keras.config.set_dtype_policy(previous)
 
 
-def wrap_optimizer(optimizer: keras.optimizers.Optimizer, cfg: DictConfig):
-    """Dynamic loss scaling for float16: Keras's LossScaleOptimizer (skips non-finite steps)."""
-    if not cfg.precision.loss_scaling:
+def wrap_optimizer(optimizer: keras.optimizers.Optimizer, p: DictConfig):
+    """Dynamic loss scaling for float16 (cfg.precision.loss_scaling): Keras's
+    LossScaleOptimizer, which skips non-finite steps."""
+    if not p.loss_scaling:
         return optimizer
     return keras.optimizers.LossScaleOptimizer(
-        optimizer,
-        initial_scale=cfg.precision.initial_scale,
-        dynamic_growth_steps=cfg.precision.dynamic_growth_steps,
+        optimizer, initial_scale=p.initial_scale, dynamic_growth_steps=p.dynamic_growth_steps
     )
 
 

@@ -47,7 +47,8 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from runner.config import ConfigError, check_pruning_steps
+from runner.config.validate import check_pruning_steps
+from runner.core.errors import ConfigError
 
 # Depthwise kernels are left dense, as tfmot's prune_registry.py:62-64 does (DepthwiseConv2D:
 # nothing; SeparableConv: pointwise_kernel only): a 3x3 filter per channel has few weights to
@@ -100,14 +101,13 @@ def _matches(path: str, patterns) -> bool:
     return any(re.search(pattern, path) for pattern in patterns)
 
 
-def select_kernels(model, cfg: DictConfig) -> list:
+def select_kernels(model, p: DictConfig) -> list:
     """The variables pruning masks, shared with the memory estimate (one mask each).
 
     pruning.include (regexes on variable paths such as "block_0/mlp_up/kernel"), when given,
     replaces the default selection; pruning.exclude then removes matching variables.
     Embeddings, biases, norms and depthwise kernels are not in the default selection.
     """
-    p = cfg.pruning
     if p.include:
         chosen = [v for v in model.trainable_variables if _matches(v.path, p.include)]
     else:
@@ -196,16 +196,16 @@ def m_by_n_mask(scores: tf.Tensor, axes: tuple[int, ...], m: int, n: int) -> tf.
 
 class Pruner:
     """One float32 mask per selected kernel, chosen and applied by `after_update`, which the
-    compiled step runs right after each optimizer update (runner/step.py)."""
+    compiled step runs right after each optimizer update (runner/techniques/accumulation.py)."""
 
-    def __init__(self, model, cfg: DictConfig, total_steps: int, optimizer):
-        check_pruning_steps(cfg.pruning, total_steps)
-        self.model, self.cfg, self.total_steps = model, cfg.pruning, total_steps
+    def __init__(self, model, p: DictConfig, total_steps: int, optimizer):
+        check_pruning_steps(p, total_steps)
+        self.model, self.cfg, self.total_steps = model, p, total_steps
         self.optimizer = optimizer  # its iterations are the clock (a LossScaleOptimizer's: inner)
-        self.kernels = select_kernels(model, cfg)
+        self.kernels = select_kernels(model, p)
         if not self.kernels:
-            key = "include" if cfg.pruning.include else "exclude"
-            value = list(cfg.pruning[key])
+            key = "include" if p.include else "exclude"
+            value = list(p[key])
             raise ConfigError(f"pruning.{key}", value, "patterns that leave a variable to prune")
         owners = _owners(model)
         self.axes = [input_axes(owners.get(id(v)), len(v.shape)) for v in self.kernels]
@@ -269,14 +269,14 @@ def gzip_weights_bytes(model) -> int:
         return len(gzip.compress(path.read_bytes(), compresslevel=9))
 
 
-def build_pruner(model, cfg: DictConfig, total_steps: int, optimizer) -> Pruner | None:
-    """A Pruner for `model` as built (checkpointing's wrapper shares its variables), stepped by
-    `optimizer`'s iterations; None without pruning."""
-    if cfg.pruning.schedule == "none":
+def build_pruner(model, p: DictConfig, total_steps: int, optimizer) -> Pruner | None:
+    """A Pruner of cfg.pruning `p` for `model` as built (checkpointing's wrapper shares its
+    variables), stepped by `optimizer`'s iterations; None without pruning."""
+    if p.schedule == "none":
         return None
-    pruner = Pruner(model, cfg, total_steps, optimizer)
+    pruner = Pruner(model, p, total_steps, optimizer)
     print(
-        f"note: pruning={cfg.pruning.schedule} does not lower training memory: the dense "
+        f"note: pruning={p.schedule} does not lower training memory: the dense "
         f"weights, gradients and optimizer slots all stay, and the masks add a float32 copy of "
         f"each of the {len(pruner.kernels)} pruned kernels ({pruner.mask_bytes() / 2**20:.2f} "
         "MiB, mem/estimate/masks_bytes). It shrinks the compressed weights (prune/gzip_ratio).",

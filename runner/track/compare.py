@@ -10,7 +10,7 @@ with like only if both jobs train at the same effective batch, on the same data,
 model: where they do not, the `differs` column names the keys and the ratio is marked `*`.
 The tracking URI is `--tracking-uri`, else $MLFLOW_TRACKING_URI, else the embedded default.
 The same table ends every sweep, as CSV and Markdown artifacts of its parent run, beside
-the pictures runner/track/sweep.py draws from these rows.
+the pictures runner/report/sweep_plots.py draws from these rows.
 """
 
 import argparse
@@ -21,8 +21,8 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from runner.bench import table
-from runner.config import MlflowConfig
+from runner.config.schema import MlflowConfig
+from runner.core.text import cell, table
 
 DEFAULT_URI = MlflowConfig.tracking_uri  # the embedded default store, as in conf/
 # (column, metric key, scale); ratios to the baseline are added for the first three.
@@ -95,7 +95,7 @@ def rows(runs: list[Run], baseline: str | None = None) -> list[dict]:
             "status": run.info.status,
             "failure": tags.get("failure", ""),
             "differs": " ".join(differs(run.data.params, base_params)),
-            # A resumed run's figures cover the steps after its checkpoint (runner/resume.py).
+            # A resumed run's figures cover the steps after its checkpoint (trainer.resume).
             "covers_steps": tags.get("figures_cover_steps", ""),
         }
         for column, key, scale in FIGURES:
@@ -198,7 +198,7 @@ def _display(out: list[dict]) -> list[dict]:
     """Rows as text, with the ratios of jobs that differ from the baseline marked `*`."""
     shown = []
     for row in out:
-        cells = {c: _cell(row[c]) for c in columns(out)}
+        cells = {c: cell(row[c]) for c in columns(out)}
         if row["differs"]:
             for column in RATIOS:
                 if row[f"{column}/base"] is not None:
@@ -227,12 +227,6 @@ def write_markdown(out: list[dict], path: Path) -> Path:
     lines += ["", *notes(out)]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

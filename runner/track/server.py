@@ -3,11 +3,9 @@
 import sqlite3
 from pathlib import Path
 
+from runner.core.errors import TrackingError
+
 SERVER_TIMEOUT_S = 5.0  # how long a tracking server has to answer tfmemlab's start-up check
-
-
-class TrackingError(Exception):
-    """The tracking store cannot be used; the message is one line that says what to do."""
 
 
 def remote(uri: str) -> bool:

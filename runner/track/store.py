@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from runner.track.server import TMP_PREFIX, TrackingError
-from runner.track.tracking import _store_lock
+from runner.core.errors import TrackingError
+from runner.track.client import store_lock
+from runner.track.server import TMP_PREFIX
 
 
 def _tables(con: sqlite3.Connection) -> set[str]:
@@ -40,7 +41,7 @@ def repair(db: Path) -> tuple[Path, list[str]]:
     temporary table holds the only copy of its rows."""
     if not db.is_file():
         raise TrackingError(f"{db}: no such file")
-    with _store_lock(db):
+    with store_lock(db):
         backup = db.with_name(f"{db.name}.backup-{time.strftime('%Y%m%d-%H%M%S')}")
         shutil.copy2(db, backup)
         dropped = []

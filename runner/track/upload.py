@@ -2,7 +2,7 @@
 server was lost (issue 16).
 
 A run whose server stopped answering trains on and appends every call it would have made to
-`<run dir>/mlflow_pending.jsonl` (runner/track/tracking.py). This replays them, in order, into
+`<run dir>/mlflow_pending.jsonl` (runner/track/tracker.py). This replays them, in order, into
 the same run: metrics with their original steps and timestamps, params, tags, the run
 directory's files as artifacts, and the final status. Each record sent is noted in
 `mlflow_pending.sent`, so an upload interrupted in turn resumes without sending twice.
@@ -16,7 +16,10 @@ from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
 
-from runner.track.tracking import PENDING, TrackingError, check_reachable, client_for
+from runner.core.errors import TrackingError
+from runner.track.client import client_for
+from runner.track.server import check_reachable
+from runner.track.tracker import PENDING
 
 
 def _send(client, record: dict) -> None:

@@ -1,9 +1,10 @@
 """Sweeps that resume (issue 16): `python run.py -m sweep.resume=<sweep dir>|latest`.
 
 Hydra has no resume for sweeps (facebookresearch/hydra#3328). At the start of a sweep,
-tfmemlab's sweep callback writes `sweep.json` into the sweep directory: the parent MLflow
-run, the store and the sweep's overrides. `sweep.resume` launches the same sweep again, into
-the same directory and under the same parent run, so that job N finds its own folder
+tfmemlab's sweep callback writes `sweep.json` into the sweep directory (runner/sweep/state.py):
+the parent MLflow run, the store and the sweep's overrides. `sweep.resume` launches the same
+sweep again, into the same directory and under the same parent run, so that job N finds its own
+folder
 (`<sweep dir>/N`) and what its last attempt left there. Before it starts, each job looks:
 
 - its run FINISHED: the job is skipped;
@@ -21,49 +22,19 @@ Hydra numbers the jobs by their order.
 """
 
 import json
-import os
-import signal
-import sys
-import time
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.resume import RUN_FILE, ResumeError, locate, newest_folder
+from hydra._internal.utils import get_args_parser
 
-SWEEP_FILE = "sweep.json"
+from runner.core.errors import ResumeError
+from runner.core.process import pid_alive
+from runner.sweep.state import KEY, SWEEP_FILE, read_sweep_file
+from runner.track.client import client_for
+from runner.train.rundir import RUN_FILE, locate, newest_folder
+
 ATTEMPTS = "attempts"
-KEY = "sweep.resume"
-SWEEP_PID_ENV = "TFMEMLAB_SWEEP_PID"  # set for a job run in a process of its own
-
-
-def write_sweep_file(
-    sweep_dir: Path, parent_id: str, uri: str, experiment: str, task: list[str], hydra: list[str]
-) -> None:
-    """Record the sweep at its start: what `sweep.resume` needs to launch it again."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    record = {
-        "parent_run_id": parent_id,
-        "tracking_uri": uri,
-        "experiment": experiment,
-        "overrides": [o for o in task if not o.startswith(f"{KEY}=")],
-        # Hydra's own overrides (a launcher, say), less those a resume sets itself.
-        "hydra_overrides": [
-            o for o in hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))
-        ],
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=2))
-
-
-def read_sweep_file(sweep_dir: Path) -> dict:
-    path = sweep_dir / SWEEP_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise SystemExit(
-            f"error: {KEY}={sweep_dir}: no readable {SWEEP_FILE} there; expected the "
-            "directory of a tfmemlab sweep (outputs/multirun/<date>/<time>)"
-        ) from None
 
 
 def _latest_sweep(task: list[str], root: Path = Path("outputs")) -> Path:
@@ -83,7 +54,6 @@ def resume_argv(argv: list[str]) -> list[str]:
     values = [a.partition("=")[2] for a in argv if a.startswith(f"{KEY}=")]
     if not values or values[-1] in ("", "null"):
         return argv
-    from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
     overrides = set(args.overrides)
@@ -109,10 +79,6 @@ def resume_argv(argv: list[str]) -> list[str]:
     ]
 
 
-def resume_command(sweep_dir: Path) -> str:
-    return f"python run.py -m {KEY}={sweep_dir}"
-
-
 @dataclass
 class JobPlan:
     action: str  # run | skip | resume | rerun | busy
@@ -123,10 +89,6 @@ class JobPlan:
 def plan_job(job_dir: Path) -> JobPlan:
     """What a relaunched sweep does with the job whose folder is `job_dir` (module docstring).
     A job it runs again has its last attempt moved aside and its run tagged `superseded`."""
-    import socket
-
-    from runner.track.tracking import client_for, pid_alive
-
     try:
         record = json.loads((job_dir / RUN_FILE).read_text())
     except (OSError, ValueError):
@@ -172,18 +134,3 @@ def _move_aside(job_dir: Path, run_id: str) -> None:
         if path.name in (".hydra", ATTEMPTS) or path.suffix == ".log":
             continue
         path.rename(dest / path.name)
-
-
-def die_with_sweep() -> None:
-    """In a job run in a process of its own: get SIGTERM when the sweep's process dies, even by
-    SIGKILL, so the job ends its step, checkpoints and marks its run KILLED instead of going
-    on alone (Linux: PR_SET_PDEATHSIG)."""
-    sweep_pid = os.environ.get(SWEEP_PID_ENV)
-    if sweep_pid is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != int(sweep_pid):  # it died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)

@@ -4,8 +4,8 @@ Each source (`synthetic`, `digits`, `image_folder`, named by `data.name`) gives 
 examples, a `prepare` function run in the parallel map, and the `DataSpec` the model is
 built for. Images reach the model in the pixel range it takes (models.spec.input_range):
 [-1, 1] for MobileNetV2, raw [0, 255] for the models that rescale pixels themselves. The
-training pipeline yields micro-batches of `data.batch_size`; the train step (runner/step.py)
-draws `accum` of them, one at a time, per optimizer step.
+training pipeline yields micro-batches of `data.batch_size`; the train step
+(runner/techniques/accumulation.py) draws `accum` of them, one at a time, per optimizer step.
 """
 
 from collections.abc import Callable

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runner.report import plots
+
 MIB = 2**20
 MOST_TYPES = 10  # beyond ten colours (tab10) the legend stops telling types apart
 # tab10 with its grey (C7) last: only a tenth type, never beside "other", gets grey
@@ -91,10 +93,10 @@ def roofline_png(
     """Each layer's arithmetic intensity (x) against the FLOP/s it achieved (y), on log axes under
     the device's roofline; colour by layer type, marker area by time; the layers that lose the
     most time below the roof are named."""
-    plt = _pyplot()
     kept, n_out, out_share = plottable(rows)
     known = math.isfinite(peak_flops) and math.isfinite(bandwidth)
-    fig, ax = plt.subplots(figsize=(10, 6))
+    fig = plots.figure(10, 6)
+    ax = fig.subplots()
     _scatter_by_type(ax, kept)
     _log_axes(ax)
     ax.margins(0.08)  # room for labels beside the outermost points
@@ -102,17 +104,26 @@ def roofline_png(
     _legend(ax)
     roof_note = "" if known else " (roof unknown: no peak or bandwidth for this device)"
     ax.set_title(textwrap.fill(f"roofline per layer: {title}{roof_note}", 90), fontsize=9)
-    notes = _roofline_notes(known, label_worst, n_out, out_share)
-    fig.text(0.01, 0.01, "\n".join(notes), fontsize=8, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 * len(notes) + 0.01, 1, 1))
+    plots.caption(fig, _roofline_notes(known, label_worst, n_out, out_share), fontsize=8)
     ax.set(xlim=ax.get_xlim(), ylim=ax.get_ylim())  # fixed, so labels can be placed for good
     unit = "ms lost" if known else "ms"
 
     def caption(r: dict) -> str:
         return f"{shorten(r['name'], 28)}\n{lost_time(r, peak_flops, bandwidth) * 1e3:.3g} {unit}"
 
-    _label_points(ax, worst(kept, peak_flops, bandwidth, label_worst), kept, placed, caption)
-    return _save(plt, fig, path)
+    named = worst(kept, peak_flops, bandwidth, label_worst)
+    label_points(ax, named, kept, placed, caption)
+    return plots.save(fig, path)
+
+
+def label_points(ax, named: list[dict], shown: list[dict], texts: list, caption) -> None:
+    """Name each layer in `named` beside its point (plots.label_points), clear of the points
+    of `shown` and of the texts already drawn."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed = [t.get_window_extent(renderer) for t in texts]
+    labels = [((r["intensity"], r["achieved_flops"]), caption(r), {}) for r in named]
+    points = [(r["intensity"], r["achieved_flops"]) for r in shown]
+    plots.label_points(ax, labels, points, placed)
 
 
 def _roofline_notes(known: bool, label_worst: int, n_out: int, out_share: float) -> list[str]:
@@ -128,21 +139,6 @@ def _roofline_notes(known: bool, label_worst: int, n_out: int, out_share: float)
             f"out: {out_share:.1%} of the step time."
         )
     return notes
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers and CI
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(plt, fig, path: Path) -> Path:
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def _scatter_by_type(ax, rows: list[dict]) -> None:
@@ -225,63 +221,14 @@ def _draw_roof(ax, rows: list[dict], peak_flops: float, bandwidth: float) -> lis
     return [label]
 
 
-def _label_points(ax, named: list[dict], shown: list[dict], texts: list, caption) -> None:
-    """Name each layer in `named` at the place around its point that costs least: outside the
-    axes (the text would be clipped) costs most, then covering a text placed before or a named
-    point (its leader would be hidden), then each other point covered and each step away."""
-    from matplotlib.text import Text
-
-    renderer = ax.figure.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
-    points = ax.transData.transform([(r["intensity"], r["achieved_flops"]) for r in shown])
-    targets = ax.transData.transform([(r["intensity"], r["achieved_flops"]) for r in named])
-    placed = [t.get_window_extent(renderer) for t in texts]
-    for r in named:
-        costs = []
-        for i, offset in enumerate(_OFFSETS):
-            trial = _annotate(ax, r, caption(r), offset)
-            trial.get_window_extent(renderer)  # positions the text for this renderer
-            box = Text.get_window_extent(trial).padded(2)  # the words, not the leader line
-            trial.remove()
-            inside = frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
-            clashes = sum(box.overlaps(p) for p in placed) + box.count_contains(targets)
-            cost = 1000 * (not inside) + 100 * clashes + box.count_contains(points) + i // 8
-            costs.append((cost, i, box))
-            if min(costs)[0] <= (i + 1) // 8:
-                break  # places further out cost at least this much
-        _, best, box = min(costs)
-        _annotate(ax, r, caption(r), _OFFSETS[best])
-        placed.append(box)
-
-
-def _annotate(ax, row: dict, text: str, offset: tuple[float, float]):
-    dx, dy = offset
-    return ax.annotate(
-        text,
-        (row["intensity"], row["achieved_flops"]),
-        xytext=offset,
-        textcoords="offset points",
-        ha="left" if dx > 0 else "right" if dx < 0 else "center",
-        va="bottom" if dy > 0 else "top" if dy < 0 else "center",
-        fontsize=7,
-        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.85},
-        arrowprops={"arrowstyle": "-", "color": "0.3", "lw": 0.6},
-    )
-
-
-# Places tried around a point, in points: eight directions, near ones first.
-_DIRECTIONS = ((8, 8), (8, -8), (-8, 8), (-8, -8), (12, 0), (-12, 0), (0, 10), (0, -10))
-_OFFSETS = [(dx * k, dy * k) for k in (1, 2, 3, 4.5, 6, 8, 10, 13) for dx, dy in _DIRECTIONS]
-
-
 def layers_png(rows: list[dict], path: Path, title: str, top: int = 10) -> Path:
     """Side by side, the top layers by activation memory kept for the backward pass and by
     measured time, largest at the top, each bar coloured by what bounds the layer and ending in
     its share of the whole."""
     from matplotlib.patches import Patch
 
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.32 * top + 2.2))
+    fig = plots.figure(13, 0.32 * top + 2.2)
+    left, right = fig.subplots(1, 2)
     held = top_rows(rows, "activation_bytes", top)
     _bars(left, held, "activation_bytes", MIB, "activation_share", "kept for backward (MiB)")
     left.set_title(f"top {top} by activation memory", fontsize=9)
@@ -292,7 +239,7 @@ def layers_png(rows: list[dict], path: Path, title: str, top: int = 10) -> Path:
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(textwrap.fill(f"per-layer profile: {title}", 90), fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return _save(plt, fig, path)
+    return plots.save(fig, path)
 
 
 def _bars(ax, rows: list[dict], key: str, unit: float, share: str, xlabel: str) -> None:

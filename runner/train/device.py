@@ -1,10 +1,10 @@
 """Where the run trains: the GPU when there is one (trainer.device=auto), else the CPU."""
 
 import os
-import platform
-from pathlib import Path
 
 import tensorflow as tf
+
+from runner.core.machine import cpu_model
 
 
 def setup() -> list:
@@ -33,17 +33,6 @@ def resolve(name: str, gpus: list) -> str:
     if name.startswith("/GPU:") and int(name.split(":")[1]) >= len(gpus):
         raise RuntimeError(f"trainer.device={name}: this machine has {len(gpus)} GPU(s)")
     return name
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def describe(dev: str, gpus: list) -> str:

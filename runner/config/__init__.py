@@ -1,0 +1,29 @@
+"""The job's config: its schema (schema), Hydra's store and conf/ (store), and the checks
+Hydra's types cannot express (validate). TensorFlow-free: bad input is answered before it loads.
+"""
+
+from runner.config.schema import IMAGE_MODELS, MlflowConfig
+from runner.config.store import (
+    CONF_DIR,
+    compose_config,
+    group_options,
+    register_configs,
+    with_batch,
+    with_option,
+)
+from runner.config.validate import check_pruning_steps, validate
+from runner.core.errors import ConfigError
+
+__all__ = [
+    "CONF_DIR",
+    "IMAGE_MODELS",
+    "ConfigError",
+    "MlflowConfig",
+    "check_pruning_steps",
+    "compose_config",
+    "group_options",
+    "register_configs",
+    "validate",
+    "with_batch",
+    "with_option",
+]

@@ -1,0 +1,201 @@
+"""The config's schema: one dataclass per kind of option, which every YAML in conf/ extends.
+
+Each option file names its schema in its defaults list (`base_<option>`, stored by
+runner.config.store), so a typo'd key or a wrong type fails at compose time. Nothing here
+imports TensorFlow: bad input is rejected before the slow import.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("constant", "cosine")
+CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every", "selective")
+STRATEGIES = ("none", "mirrored", "multi_worker")  # distribution.strategy
+PRECISION_NAMES = ("fp32", "mixed", "bf16")  # conf/precision/*.yaml
+PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
+JIT_CHOICES = ("auto", "true", "false")
+IMAGE_MODELS = ("mobilenet", "efficientnet")
+
+
+@dataclass
+class TransformerConfig:
+    name: str = "transformer"
+    h: int = 128
+    layers: int = 2
+    heads: int = 4
+    dropout: float = 0.0
+    weights: str | None = None
+
+
+@dataclass
+class MobileNetConfig:
+    name: str = "mobilenet"
+    version: str = "v2"
+    alpha: float = 1.0
+    weights: str | None = None
+
+
+@dataclass
+class EfficientNetConfig:
+    name: str = "efficientnet"
+    variant: str = "B0"
+    weights: str | None = None
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    policy: str = "float32"
+    # Dynamic loss scaling (float16 only): Keras LossScaleOptimizer's defaults.
+    loss_scaling: bool = False
+    initial_scale: float = 32768.0
+    dynamic_growth_steps: int = 2000
+
+
+@dataclass
+class CheckpointingConfig:
+    policy: str = "none"  # none | blocks | sqrt | every
+    every: int = 2  # policy=every: blocks per recomputed segment
+
+
+@dataclass
+class PruningConfig:
+    """Steps are optimizer steps counted from 1 (tfmot's pruning step);
+    runner/techniques/pruning.py has the details."""
+
+    schedule: str = "none"  # none | constant | polynomial | m_by_n
+    target_sparsity: float = 0.5  # constant, polynomial: fraction of each kernel set to zero
+    initial_sparsity: float = 0.0  # polynomial: the sparsity at begin_step
+    power: float = 3.0  # polynomial: the exponent of the decay (tfmot's default)
+    begin_step: int = 0  # masks are chosen at begin_step + k x frequency (step 0 never runs)
+    end_step: int | None = None  # and at end_step, the last choice; null: the run's last step
+    frequency: int = 100  # steps between mask choices (tfmot's default)
+    regrow: bool = True  # pruned weights keep training and may be chosen back, as in tfmot
+    m: int = 2  # m_by_n: keep the m largest of every n consecutive weights along the input axis
+    n: int = 4
+    include: list[str] = field(default_factory=list)  # regexes on variable paths; []: default
+    exclude: list[str] = field(default_factory=list)  # regexes on variable paths to leave dense
+
+
+@dataclass
+class DistributionConfig:
+    """How many replicas train the job (runner/techniques/distribution.py, issue 18)."""
+
+    strategy: str = "none"  # none | mirrored | multi_worker
+    devices: list[str] | None = None  # mirrored: the devices; null: every GPU, else every CPU
+    logical_cpus: int = 0  # >= 2: split the CPU into that many logical devices (no GPU needed)
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    batch_size: int = 32  # the micro-batch fed per step; accum multiplies it
+    image_size: int = 32  # CNNs: images are resized to image_size x image_size x 3
+    seq_len: int = 64  # transformer: tokens per example
+    shuffle_buffer: int = 1024
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    name: str = "synthetic"
+    num_classes: int = 10  # image classes
+    vocab_size: int = 128  # token vocabulary
+    train_samples: int = 2048
+    val_samples: int = 256
+
+
+@dataclass
+class DigitsDataConfig(DataConfig):
+    name: str = "digits"
+    val_fraction: float = 0.2
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    name: str = "image_folder"
+    path: str = MISSING
+    val_fraction: float = 0.2
+
+
+@dataclass
+class TrainerConfig:
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    schedule: str = "constant"  # constant | cosine (over the run's optimizer steps)
+    warmup_steps: int = 0  # cosine only: linear warm-up from 0 to lr
+    weight_decay: float = 0.0  # adamw only
+    momentum: float = 0.9  # sgd only
+    max_steps: int | None = None  # optimizer steps; None: epochs x steps per epoch
+    epochs: int = 1
+    eval_every: int = 0  # optimizer steps between evaluations; 0: only at the end
+    eval_batches: int | None = None  # cap on validation batches; None: the whole split
+    jit_compile: str = "auto"  # auto: XLA on GPUs, and on CPUs for the transformer
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | gpu | /GPU:n | /CPU:n
+    progress: bool = True
+    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: only on SIGTERM/SIGINT
+    resume: str | None = None  # a run directory, or latest (the newest of the same job)
+    deterministic: bool = False  # TensorFlow's op determinism: a resumed run ends bitwise equal
+    # The effective batch (micro-batch x accum) accum=auto and runner.plan reach; null:
+    # data.batch_size x accum as given.
+    effective_batch_size: int | None = None
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = "sqlite:///outputs/mlflow.db"
+    experiment: str = "tfmemlab"
+    run_name: str | None = None  # None: the Hydra overrides, e.g. "precision=mixed accum=4"
+    system_metrics: bool = False  # MLflow's own CPU/GPU/RAM sampling, as system/* metrics
+    system_metrics_interval_s: float = 2.0
+
+
+@dataclass
+class SweepConfig:
+    # The job the sweep's comparison divides by: a run name or job number; None: the first.
+    baseline: str | None = None
+    # Each job in a fresh process (memory figures of one job must not depend on the jobs
+    # before it); false: jobs run in the sweep's process, faster to start.
+    isolate: bool = True
+    # A sweep directory (or `latest`) to launch again: finished jobs are skipped, stopped ones
+    # go on from their checkpoints, failed ones run again (runner/sweep/resume.py).
+    resume: str | None = None
+
+
+@dataclass
+class PlanConfig:
+    # Memory budget for accum=auto and runner.plan: bytes or a unit string (8GiB, 512MiB); null:
+    # the GPU's total memory, or on a CPU TF_CPU_BFC_MEM_LIMIT_IN_MB (runner/plan/).
+    budget: str | None = None
+    margin: float = 0.1  # the share of the budget kept free for what the prediction misses
+    measure: bool = False  # runner.plan: confirm each row that fits with a short probe
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "mixed", "bf16"])
+    policies: list[str] = field(default_factory=lambda: ["none", "selective", "blocks", "sqrt"])
+
+
+@dataclass
+class ProfileConfig:
+    # Profile the job layer by layer after its timed steps (runner/measure/profile.py, issue 14).
+    layers: bool = False
+    steps: int = 3  # steps of the job's train step timed without XLA, after one warm-up
+    repeats: int = 3  # timed forward+backward calls per layer (the median is kept)
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    precision: PrecisionConfig = MISSING
+    checkpointing: CheckpointingConfig = MISSING
+    pruning: PruningConfig = MISSING
+    distribution: DistributionConfig = MISSING
+    data: Any = MISSING
+    trainer: TrainerConfig = MISSING
+    accum: Any = 1  # an integer >= 1, or auto (runner/plan/)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)

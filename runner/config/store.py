@@ -1,0 +1,84 @@
+"""Hydra's side of the config: the schemas stored under their base_* names, the conf/ folder,
+and composing it outside a Hydra app (tests, benchmarks, the planner)."""
+
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config.schema import (
+    CheckpointingConfig,
+    Config,
+    DigitsDataConfig,
+    DistributionConfig,
+    EfficientNetConfig,
+    ImageFolderDataConfig,
+    MobileNetConfig,
+    PrecisionConfig,
+    PruningConfig,
+    SyntheticDataConfig,
+    TrainerConfig,
+    TransformerConfig,
+)
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its YAML files (the base_* schemas are not options)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _groups_help() -> str:
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in groups)
+
+
+def register_configs() -> None:
+    """Store the schemas under the names the YAML defaults lists extend (base_<option>).
+
+    Also registers the `tfmemlab_groups` resolver used by --help: Hydra's own group list
+    would show the base_* schemas as if they were options.
+    """
+    OmegaConf.register_new_resolver("tfmemlab_groups", _groups_help, replace=True)
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, name, node in [
+        ("model", "base_transformer", TransformerConfig),
+        ("model", "base_mobilenet", MobileNetConfig),
+        ("model", "base_efficientnet", EfficientNetConfig),
+        ("precision", "base_precision", PrecisionConfig),
+        ("checkpointing", "base_checkpointing", CheckpointingConfig),
+        ("pruning", "base_pruning", PruningConfig),
+        ("distribution", "base_distribution", DistributionConfig),
+        ("data", "base_synthetic", SyntheticDataConfig),
+        ("data", "base_digits", DigitsDataConfig),
+        ("data", "base_image_folder", ImageFolderDataConfig),
+        ("trainer", "base_trainer", TrainerConfig),
+    ]:
+        cs.store(group=group, name=name, node=node)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real conf/ composed with these overrides, outside a Hydra app (tests, benchmarks)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def with_batch(cfg: DictConfig, b: int, accum: int, **more) -> DictConfig:
+    """A resolved copy of cfg at micro-batch b and accum, with `more` (dotted keys) set."""
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    out.data.batch_size, out.accum = b, accum
+    for key, value in more.items():
+        OmegaConf.update(out, key, value, merge=False)
+    return out
+
+
+def with_option(cfg: DictConfig, group: str, option: str) -> DictConfig:
+    """A resolved copy of cfg with conf/<group>/<option>.yaml in place of its option."""
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    out[group] = OmegaConf.merge(out[group], OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+    return out

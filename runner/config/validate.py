@@ -1,0 +1,256 @@
+"""The checks Hydra's types cannot express: ranges, choices and keys that depend on each other.
+
+`validate(cfg)` raises ConfigError for the first bad value, whose one-line message names the
+key, the bad value and what is allowed. Cheap, and free of TensorFlow.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
+from runner.config.schema import (
+    CHECKPOINTING_POLICIES,
+    IMAGE_MODELS,
+    JIT_CHOICES,
+    OPTIMIZERS,
+    POLICIES,
+    PRECISION_NAMES,
+    PRUNING_SCHEDULES,
+    SCHEDULES,
+    STRATEGIES,
+)
+from runner.core.errors import ConfigError, PlanError
+from runner.core.units import BYTES_ALLOWED, parse_bytes
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(key, value, allowed)
+
+
+def _check_choice(cfg: DictConfig, key: str, choices: tuple) -> None:
+    value = _get(cfg, key)
+    _require(value in choices, key, value, "one of " + ", ".join(choices))
+
+
+def _check_min(cfg: DictConfig, key: str, low: float, optional: bool = False) -> None:
+    value = _get(cfg, key)
+    if optional and value is None:
+        return
+    _require(value is not None and value >= low, key, value, f"a number >= {low}")
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _validate_model(cfg: DictConfig) -> None:
+    name = cfg.model.name
+    if name == "transformer":
+        for key in ("model.h", "model.layers", "model.heads"):
+            _check_min(cfg, key, 1)
+        _require(
+            cfg.model.h % cfg.model.heads == 0,
+            "model.h",
+            cfg.model.h,
+            f"a multiple of model.heads={cfg.model.heads}",
+        )
+        _require(
+            0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
+        )
+        _require(
+            cfg.data.name != "image_folder",
+            "data",
+            cfg.data.name,
+            "token data for model=transformer (synthetic or digits)",
+        )
+    elif name == "mobilenet":
+        _check_choice(cfg, "model.version", MOBILENET_VERSIONS)
+        _require(cfg.model.alpha > 0, "model.alpha", cfg.model.alpha, "a number > 0")
+    elif name == "efficientnet":
+        _check_choice(cfg, "model.variant", EFFICIENTNET_VARIANTS)
+    weights = cfg.model.weights
+    _require(
+        weights is None or Path(weights).is_file(),
+        "model.weights",
+        weights,
+        "null or the path of an existing weights file",
+    )
+
+
+def _validate_data(cfg: DictConfig) -> None:
+    _check_min(cfg, "data.batch_size", 1)
+    _check_min(cfg, "data.shuffle_buffer", 1)
+    if cfg.model.name in IMAGE_MODELS:
+        # keras.applications refuse inputs smaller than 32x32.
+        _check_min(cfg, "data.image_size", 32)
+    else:
+        _check_min(cfg, "data.seq_len", 2)
+    if cfg.data.name == "synthetic":
+        for key in ("data.num_classes", "data.vocab_size"):
+            _check_min(cfg, key, 2)
+        per_step = cfg.data.batch_size * (1 if cfg.accum == "auto" else cfg.accum)
+        _require(
+            cfg.data.train_samples >= per_step,
+            "data.train_samples",
+            cfg.data.train_samples,
+            f"at least one optimizer step of data (data.batch_size x accum = {per_step})",
+        )
+        _check_min(cfg, "data.val_samples", 1)
+    else:
+        if cfg.data.name == "digits" and cfg.model.name == "transformer":
+            _require(
+                cfg.data.seq_len == 64,
+                "data.seq_len",
+                cfg.data.seq_len,
+                "64 for data=digits (its 8x8 pixels are the tokens)",
+            )
+        _require(
+            0.0 < cfg.data.val_fraction < 1.0,
+            "data.val_fraction",
+            cfg.data.val_fraction,
+            "a number in (0, 1)",
+        )
+    if cfg.data.name == "image_folder":
+        _require(
+            Path(cfg.data.path).is_dir(),
+            "data.path",
+            cfg.data.path,
+            "an existing directory with one sub-folder of images per class",
+        )
+
+
+def _validate_trainer(cfg: DictConfig) -> None:
+    _check_choice(cfg, "trainer.optimizer", OPTIMIZERS)
+    _require(cfg.trainer.lr > 0, "trainer.lr", cfg.trainer.lr, "a number > 0")
+    _check_choice(cfg, "trainer.schedule", SCHEDULES)
+    _check_min(cfg, "trainer.warmup_steps", 0)
+    _check_min(cfg, "trainer.max_steps", 1, optional=True)
+    _check_min(cfg, "trainer.epochs", 1)
+    _check_min(cfg, "trainer.eval_every", 0)
+    _check_min(cfg, "trainer.eval_batches", 1, optional=True)
+    # `trainer.jit_compile=true` arrives as the string "True" in this str field.
+    jit = str(cfg.trainer.jit_compile)
+    _require(jit.lower() in JIT_CHOICES, "trainer.jit_compile", jit, "auto, true or false")
+    device = cfg.trainer.device
+    _require(
+        bool(re.fullmatch(r"auto|cpu|gpu|/(CPU|GPU):\d+", device)),
+        "trainer.device",
+        device,
+        "auto, cpu, gpu or a device name like /GPU:1",
+    )
+    _check_min(cfg, "trainer.checkpoint_every", 0)
+
+
+def check_pruning_steps(pruning, total_steps: int) -> None:
+    """begin_step and end_step must fall within the run's optimizer steps (1 to total_steps),
+    so the masks reach their target while it still trains, and the last choice (end_step,
+    null: the last step) must follow a trained step. Also called once total_steps is known."""
+    for key in ("begin_step", "end_step"):
+        value = pruning[key]
+        allowed = f"a step <= {total_steps} (the run has {total_steps} optimizer steps)"
+        _require(value is None or value <= total_steps, f"pruning.{key}", value, allowed)
+    allowed = "a step >= 2, or null in a run of >= 2 optimizer steps"
+    _require(pruning.end_step is not None or total_steps >= 2, "pruning.end_step", None, allowed)
+
+
+def _validate_pruning(cfg: DictConfig) -> None:
+    p = cfg.pruning
+    _check_choice(cfg, "pruning.schedule", PRUNING_SCHEDULES)
+    for key in ("target_sparsity", "initial_sparsity"):
+        _require(0.0 <= p[key] < 1.0, f"pruning.{key}", p[key], "a number in [0, 1)")
+    _require(p.power > 0, "pruning.power", p.power, "a number > 0")
+    _check_min(cfg, "pruning.begin_step", 0)
+    _check_min(cfg, "pruning.frequency", 1)
+    # Step 1 starts from the initial weights: masks chosen there would prune at random (issue
+    # 13). The first choice is at begin_step, or at frequency when begin_step is 0.
+    untrained = "(step 1 starts from the untrained weights)"
+    _require(p.begin_step != 1, "pruning.begin_step", p.begin_step, f"0 or >= 2 {untrained}")
+    first_ok = p.begin_step > 0 or p.frequency > 1
+    _require(first_ok, "pruning.frequency", p.frequency, f">= 2 with begin_step=0 {untrained}")
+    _check_min(cfg, "pruning.m", 1)
+    _require(p.n > p.m, "pruning.n", p.n, f"a group size > pruning.m={p.m}")
+    end = p.end_step
+    end_ok = end is None or end >= max(p.begin_step, 2)
+    _require(end_ok, "pruning.end_step", end, f"null or >= begin_step and >= 2 {untrained}")
+    for key in ("include", "exclude"):
+        for pattern in p[key]:
+            try:
+                re.compile(pattern)
+            except re.error:
+                raise ConfigError(f"pruning.{key}", pattern, "regular expressions") from None
+    if p.schedule != "none" and cfg.trainer.max_steps is not None:
+        check_pruning_steps(p, cfg.trainer.max_steps)
+
+
+def _validate_accum_and_plan(cfg: DictConfig) -> None:
+    accum = cfg.accum
+    ok = accum == "auto" or (isinstance(accum, int) and not isinstance(accum, bool) and accum >= 1)
+    _require(ok, "accum", accum, "an integer >= 1, or auto")
+    _check_min(cfg, "trainer.effective_batch_size", 1, optional=True)
+    for key, allowed in (("precisions", PRECISION_NAMES), ("policies", CHECKPOINTING_POLICIES)):
+        for value in cfg.plan[key]:
+            _require(value in allowed, f"plan.{key}", value, f"a list of {', '.join(allowed)}")
+    margin = cfg.plan.margin
+    _require(0 <= margin < 1, "plan.margin", margin, "a number in [0, 1)")
+    if cfg.plan.budget is not None:
+        try:
+            parse_bytes(cfg.plan.budget)
+        except PlanError:
+            raise ConfigError("plan.budget", cfg.plan.budget, BYTES_ALLOWED) from None
+
+
+def _validate_distribution(cfg: DictConfig) -> None:
+    d = cfg.distribution
+    _check_choice(cfg, "distribution.strategy", STRATEGIES)
+    if d.logical_cpus != 0:
+        ok = d.logical_cpus >= 2 and d.strategy == "mirrored"
+        _require(
+            ok,
+            "distribution.logical_cpus",
+            d.logical_cpus,
+            "0, or an integer >= 2 with distribution=mirrored",
+        )
+    if d.devices is not None:
+        ok = d.strategy == "mirrored" and len(d.devices) >= 1
+        ok = ok and all(re.fullmatch(r"/?(CPU|GPU):\d+", str(x)) for x in d.devices)
+        _require(
+            ok,
+            "distribution.devices",
+            list(d.devices),
+            "null, or a list like [/GPU:0,/GPU:1] with distribution=mirrored",
+        )
+    if d.strategy != "none":  # both measure one device's job in one process
+        _require(
+            cfg.accum != "auto",
+            "accum",
+            cfg.accum,
+            "an integer >= 1 with distribution.strategy=" + d.strategy,
+        )
+        _require(
+            not cfg.profile.layers,
+            "profile.layers",
+            cfg.profile.layers,
+            "false with distribution.strategy=" + d.strategy,
+        )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
+    _validate_accum_and_plan(cfg)
+    _check_choice(cfg, "precision.policy", POLICIES)
+    _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
+    _check_min(cfg, "checkpointing.every", 1)
+    _validate_pruning(cfg)
+    _validate_distribution(cfg)
+    _validate_model(cfg)
+    _validate_data(cfg)
+    _validate_trainer(cfg)
+    _check_min(cfg, "profile.steps", 1)
+    _check_min(cfg, "profile.repeats", 1)

@@ -1,0 +1,42 @@
+"""The errors tfmemlab raises for what the user can fix: each message is one line.
+
+They live here, below everything, so that the command line can catch them by class (not by
+name in a string) without importing the layer that raised them.
+"""
+
+import signal
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad config value: `str(err)` is the one line shown to the user."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        super().__init__(f"{key}={value}: not allowed; expected {allowed}")
+        self.key, self.value, self.allowed = key, value, allowed
+
+
+class PlanError(ValueError):
+    """A memory budget cannot be met or read (runner.plan, accum=auto)."""
+
+
+class ResumeError(ValueError):
+    """trainer.resume cannot be honoured."""
+
+
+class TrackingError(Exception):
+    """The tracking store cannot be used; the message says what to do."""
+
+
+class Interrupted(BaseException):
+    """The job was stopped by a signal after a checkpoint (a BaseException, like
+    KeyboardInterrupt: it is not the job's error)."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path, checkpoints: str = "checkpoints"):
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+        self.exit_code = 128 + signum
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} after optimizer step {step}; its "
+            f"checkpoint is in {run_dir / checkpoints}"
+        )

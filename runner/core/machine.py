@@ -1,0 +1,27 @@
+"""What CPU this is, read at run time: machines differ from one day to the next (shared GUIDE)."""
+
+import platform
+from pathlib import Path
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
+    for line in _cpuinfo():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (avx512_bf16, amx_bf16, ...); empty where unknown."""
+    for line in _cpuinfo():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()

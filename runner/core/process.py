@@ -1,0 +1,42 @@
+"""Running something in a fresh Python process, and asking whether a process is alive.
+
+TensorFlow keeps memory for the life of a process, and jobs run one after another in one
+process were measured charged for earlier ones (a small job's peak rose from 36.0 to 52.3 MB
+after a larger job). So whatever must measure one job alone (a probe of accum=auto, a
+benchmark's job, a sweep's job) runs in a process of its own.
+"""
+
+import multiprocessing
+import os
+from collections.abc import Callable
+
+
+def _call(function: Callable, args: tuple):
+    from runner.core.start import import_tensorflow
+
+    import_tensorflow()  # quietly, before the function imports it loudly
+    return function(*args)
+
+
+def in_fresh_process(function: Callable, *args, unset: tuple[str, ...] = ()):
+    """function(*args) in a fresh Python process (spawned, so that nothing of this one's
+    TensorFlow is inherited), waited for; its return value (picklable) comes back.
+    `unset`: environment variables the child runs without (e.g. the CPU allocator's limit)."""
+    saved = {name: os.environ.pop(name) for name in unset if name in os.environ}
+    try:
+        spawn = multiprocessing.get_context("spawn")
+        with spawn.Pool(1, maxtasksperchild=1) as pool:
+            return pool.apply(_call, (function, args))
+    finally:
+        os.environ.update(saved)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

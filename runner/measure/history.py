@@ -1,0 +1,41 @@
+"""What the training loop measured, step by step: losses, times, memory and evaluations.
+
+The loop (runner/train/loop.py) fills it; the run's figures and pictures (runner/report/)
+read it.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class History:
+    losses: list[float] = field(default_factory=list)  # mean train loss per optimizer step
+    wait_s: list[float] = field(default_factory=list)  # waiting for the input pipeline
+    compute_s: list[float] = field(default_factory=list)  # the compiled step, loss read back
+    evals: list[tuple[int, dict]] = field(default_factory=list)
+    current_bytes: list[int] = field(default_factory=list)  # allocator bytes after each step
+    step_peaks: list[int] = field(default_factory=list)  # allocator peak during each step
+    # each local replica's allocator peak during each step (GPUs: one per replica)
+    replica_peaks: list[list[int]] = field(default_factory=list)
+    skipped_steps: int = 0  # updates skipped for non-finite gradients (float16 loss scaling)
+    first_step: int = 1  # the optimizer step of losses[0]: after a resume, the one after it
+
+    @property
+    def last_step(self) -> int:
+        return self.first_step + len(self.losses) - 1
+
+    @property
+    def first_step_peak(self) -> int:
+        return self.step_peaks[0]
+
+    @property
+    def steady_peak(self) -> int:
+        """Training steps after the first, evaluation excluded; a 1-step run has only its
+        first step to report."""
+        return max(self.step_peaks[1:] or self.step_peaks)
+
+    @property
+    def steady_replica_peaks(self) -> list[int]:
+        """steady_peak of each local replica's allocator."""
+        steady = self.replica_peaks[1:] or self.replica_peaks
+        return [max(column) for column in zip(*steady, strict=True)]

@@ -1,0 +1,50 @@
+"""`python -m runner.plan [run.py overrides]`: the cheapest way to fit the memory budget, as a
+table (runner/plan/table.py); with plan.measure=true, each row that fits is probed."""
+
+import sys
+
+from runner.cli import check_command_line
+from runner.config import compose_config
+from runner.core.errors import PlanError
+from runner.core.start import import_tensorflow
+from runner.core.units import mib
+
+
+def main(argv: list[str]) -> list:
+    check_command_line(argv)  # one line for bad input, before TensorFlow loads
+    cfg = compose_config(argv)
+    import_tensorflow()
+    from runner.plan import probe, table
+
+    try:
+        rows, total, source, usable = table.table(cfg)
+    except PlanError as err:
+        raise SystemExit(f"error: {err}") from None
+    effective = table.target_batch(cfg)
+    fitting = [r for r in rows if r.fits]
+    if fitting:
+        best = fitting[0]
+        print(
+            f"cheapest that fits: {best.command()} (predicted peak {best.predicted_MiB:.1f} "
+            f"MiB of {mib(total):.1f}, time {best.time_ratio:.2f}x fp32/none)"
+        )
+    else:
+        print(f"nothing fits in {mib(total):.1f} MiB at effective batch {effective}")
+    print(
+        f"model={cfg.model.name}, effective batch {effective} (trainer.effective_batch_size), "
+        f"budget {mib(total):.1f} MiB ({source}), {mib(usable):.1f} MiB usable after "
+        f"plan.margin={cfg.plan.margin}; predicted peaks are the analytic estimate"
+    )
+    if cfg.plan.measure:
+        for row in fitting:
+            result = probe.probe(
+                table.job(cfg, row.precision, row.checkpointing), row.micro_batch, row.accum
+            )
+            row.measured_MiB = None if result["oom"] else mib(result["peak_bytes"])
+            row.note = "out of memory" if result["oom"] else ""
+    print(table.text(rows, cfg.plan.measure))
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,138 @@
+"""The planner's prediction: a job's peak as a line in the micro-batch, its budget, and the
+step-time ratio of its precision where tfmemlab's benchmarks measured one."""
+
+import os
+from dataclasses import dataclass, field
+
+import keras
+from omegaconf import DictConfig
+
+from runner.config import IMAGE_MODELS, with_batch
+from runner.core.errors import PlanError
+from runner.core.units import parse_bytes
+from runner.measure import estimate, flops
+from runner.measure.estimate import is_cpu_xla
+from runner.measure.telemetry import nvidia_smi
+from runner.techniques import checkpointing, precision
+from runner.train import device
+from runner.train.data import build_data
+from runner.train.job import build_model
+from runner.train.optimizer import build_optimizer, resolve_jit
+
+CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU allocator's limit, when one is set
+
+# Step time of a precision against fp32 at the same batch, as tfmemlab's benchmarks measured
+# it, by (device class, precision, model family, XLA): (ratio, where it was measured). All on
+# this project's 2-core Xeon CPU with AVX512_BF16/AMX, one process per job; float16 is
+# emulated on a CPU. No GPU figure was measured (no GPU here): on a GPU the FLOPs alone are
+# used, which ignores tensor cores' 16-bit speed-up.
+UNMEASURED = "FLOPs only"  # time_from of a precision whose step-time ratio was not measured
+MEASURED = {
+    # bench precision_accum: MobileNetV2 96x96, batch 8, no XLA (docs/findings.md).
+    ("cpu", "bf16", "cnn", False): (1.26, "bench precision_accum, CPU, MobileNetV2"),
+    ("cpu", "mixed", "cnn", False): (24.9, "bench precision_accum, CPU, MobileNetV2"),
+    # bench checkpointing: transformer h=32, 256 tokens, dropout 0, no XLA.
+    ("cpu", "bf16", "transformer", False): (1.30, "bench checkpointing, CPU, transformer"),
+}
+
+
+def budget(cfg: DictConfig, on_gpu: bool) -> tuple[int, str]:
+    """(bytes, where the figure came from): plan.budget, else the GPU's total memory, else on a
+    CPU TF_CPU_BFC_MEM_LIMIT_IN_MB (the allocator's limit); else a one-line error."""
+    if cfg.plan.budget is not None:
+        return parse_bytes(cfg.plan.budget), "plan.budget"
+    if on_gpu and (total := _gpu_total_bytes()):
+        return total, "the GPU's total memory (nvidia-smi)"
+    limit = os.environ.get(CAP)
+    if not on_gpu and limit:
+        return int(limit) * 2**20, CAP
+    raise PlanError(
+        "plan.budget=null: on a CPU give the memory budget, e.g. plan.budget=8GiB (or set "
+        f"{CAP}, the allocator's limit)"
+    )
+
+
+def _gpu_total_bytes() -> int | None:
+    """The first GPU's total memory, per nvidia-smi, or None."""
+    lines = (nvidia_smi("gpu=memory.total", timeout=20) or "").split()
+    return int(float(lines[0])) * 2**20 if lines else None
+
+
+def target_batch(cfg: DictConfig) -> int:
+    """trainer.effective_batch_size, else the config's own data.batch_size x accum."""
+    if cfg.trainer.effective_batch_size is not None:
+        return int(cfg.trainer.effective_batch_size)
+    return cfg.data.batch_size * (1 if cfg.accum == "auto" else cfg.accum)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass
+class Line:
+    """A predicted peak, linear in the micro-batch: fixed + accumulation (accum > 1) +
+    b x per_sample; `parts` the fixed part by name (bytes)."""
+
+    fixed: float
+    accumulation: float
+    per_sample: float
+    parts: dict = field(default_factory=dict)
+
+    def peak(self, b: int, accum: int) -> float:
+        return self.fixed + (self.accumulation if accum > 1 else 0.0) + b * self.per_sample
+
+    def largest_fit(self, effective: int, usable: float) -> int | None:
+        """The largest divisor b of the effective batch whose peak is within `usable`."""
+        fits = [b for b in divisors(effective) if self.peak(b, effective // b) <= usable]
+        return max(fits) if fits else None
+
+
+def device_info() -> tuple[bool, str]:
+    """(whether it trains on a GPU, the device's name as runner.train.device describes it)."""
+    gpus = device.setup()
+    dev = device.resolve("auto", gpus)
+    return dev.startswith("/GPU"), device.describe(dev, gpus)
+
+
+def data_spec(cfg: DictConfig):
+    """What the job's data looks like to its model (shapes, classes), without a batch."""
+    return build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
+
+
+def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
+    """(Line, hardware FLOPs of a step at the target batch) of cfg's precision, checkpointing
+    and pruning, from the analytic estimate of the model as the run builds it."""
+    keras.backend.clear_session()
+    effective = target_batch(cfg)
+    cfg = with_batch(cfg, 1, 1)
+    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
+    cpu_xla = is_cpu_xla(jit, name)
+    with precision.policy(cfg):
+        built = build_model(cfg.model, spec)
+        model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
+        optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg)
+        optimizer.build(model.trainable_variables)
+        one = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat)
+        two = estimate.estimate_memory(
+            built, optimizer, with_batch(cfg, 2, 2), spec, cpu_xla, remat
+        )
+        flops_cfg = with_batch(cfg, effective, 1)
+        model_flops = flops.model_flops_per_step(built, flops_cfg, spec)
+        hardware = flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
+    fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks")}
+    per_sample = (two["activations"] + two["workspace"]) - (one["activations"] + one["workspace"])
+    line = Line(sum(fixed.values()), two["accumulation"], per_sample, fixed)
+    return line, hardware
+
+
+def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:
+    """The measured step-time ratio of cfg's precision to fp32 on this device class, if any."""
+    if cfg.precision.name == "fp32":
+        return 1.0, "FLOPs"
+    family = "transformer" if cfg.model.name == "transformer" else "cnn"
+    found = MEASURED.get(("gpu" if on_gpu else "cpu", cfg.precision.name, family, jit))
+    if found is None:
+        return 1.0, f"{UNMEASURED} (no step time measured here for this precision)"
+    ratio, where = found
+    return ratio, f"FLOPs x {ratio:g} measured ({where})"

@@ -1,0 +1,161 @@
+"""The run's figures: what was measured, beside the analytic estimate, under fixed keys.
+
+The keys are a contract (issue 3): the same names in MLflow and in `metrics.json` in the
+run directory, so runs of any model, precision or device compare column by column.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from models.spec import DataSpec
+from runner.measure import estimate, flops
+from runner.measure.estimate import is_cpu_xla
+from runner.measure.history import History
+from runner.measure.telemetry import Memory, speed_figures
+from runner.report.timeline import timeline_png
+from runner.techniques.checkpointing import RematInfo
+from runner.track.tracker import Tracker
+
+CACHE_DIR = Path("outputs")  # the calibrated CPU peak is cached here, beside the store
+
+
+def _params(model: keras.Model) -> dict[str, float]:
+    figures = {
+        "params/total": model.count_params(),
+        "params/trainable": sum(int(v.numpy().size) for v in model.trainable_variables),
+    }
+    blocks = [layer for layer in model.layers if layer.name.startswith("block_")]
+    if blocks and all(hasattr(b, "attn") for b in blocks):  # the transformer's own blocks
+        figures["params/per_layer"] = blocks[0].count_params()
+    return figures
+
+
+@dataclass
+class RunFacts:
+    """What a finished run hands to the report."""
+
+    model: keras.Model  # as built, before checkpointing wrapped it
+    optimizer: keras.optimizers.Optimizer
+    spec: DataSpec
+    history: History
+    build_peak: int
+    device_name: str
+    jit: bool
+    remat: RematInfo
+    mem: Memory
+    replicas: int = 1  # tf.distribute replicas: throughput counts all of them
+
+
+def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
+    parts = estimate.estimate_memory(
+        facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat
+    )
+    peak = facts.history.steady_peak
+    reserved, reserved_source = facts.mem.reserved()  # one read (nvidia-smi on a GPU)
+    figures = {
+        "mem/peak_bytes": peak,
+        "mem/build_peak_bytes": facts.build_peak,
+        "mem/first_step_peak_bytes": facts.history.first_step_peak,
+        "mem/peak_reserved_bytes": reserved,
+        "mem/pool_grown_bytes": facts.mem.pool_grown,
+        "mem/peak_rss_bytes": facts.mem.peak_rss(),
+        "mem/estimate_bytes": parts["total"],
+        "mem/measured_over_estimate": peak / parts["total"],
+    }
+    figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
+    return figures, reserved_source
+
+
+def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], str]:
+    model = flops.model_flops_per_step(facts.model, cfg, facts.spec)
+    hardware = flops.hardware_flops_per_step(model, facts.model, cfg, facts.spec, facts.remat)
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    # A run faster than the cached CPU peak makes it calibrate again (an MFU above 1 is
+    # impossible); the hardware rate (recomputation included) keeps HFU <= 1 as well.
+    achieved = flops.achieved_flops(hardware, step_time_s)
+    peak, source = flops.peak_flops(
+        facts.device_name, cfg.precision.policy, CACHE_DIR, tf32, achieved=achieved
+    )
+    return {
+        "speed/flops_per_step": model,
+        "speed/hardware_flops_per_step": hardware,  # with checkpointing's recomputation
+        "speed/peak_flops": peak,
+        "speed/mfu": flops.mfu(model, step_time_s, peak),
+        "speed/hfu": flops.mfu(hardware, step_time_s, peak),
+    }, source
+
+
+def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[str, str]]:
+    """Every figure of the run, keyed as in the contract, and tags saying where the memory
+    figures and the peak FLOP/s came from."""
+    samples = cfg.data.batch_size * cfg.accum * facts.replicas
+    tokens = samples * facts.spec.seq_len if facts.spec.kind == "tokens" else None
+    # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
+    cpu_xla = is_cpu_xla(facts.jit, facts.device_name)
+    history = facts.history
+    memory, reserved_source = _memory(cfg, facts, cpu_xla)
+    figures = {**_params(facts.model), **memory}
+    figures.update(speed_figures(history.wait_s, history.compute_s, samples, tokens))
+    flops, peak_source = _flops(cfg, facts, figures["speed/step_time_s_p50"])
+    figures.update(flops)
+    figures["train/final_loss"] = history.losses[-1]
+    if facts.remat.segments:
+        figures["remat/segments"] = facts.remat.segments
+    if cfg.precision.loss_scaling:
+        figures["precision/skipped_steps"] = history.skipped_steps
+    sources = {
+        "mem/source": facts.mem.source,
+        "mem/reserved_source": reserved_source,
+        "speed/peak_source": peak_source,
+    }
+    return figures, sources
+
+
+def publish(
+    tracker: Tracker, figures: dict, history: History, run_dir: Path, title: str, tags: dict
+) -> None:
+    """Log the figures to MLflow and write metrics.json and the memory timeline beside them."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tracker.log_metrics(figures, history.last_step)
+    tracker.set_tags(tags)
+    (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
+    tracker.log_artifact(run_dir / "metrics.json")
+    fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in ("params", "gradients", "optimizer"))
+    n = int(tags.get("mem/replicas_per_allocator", 1))  # logical CPUs share one allocator
+    per = f", x {n} replicas" if n > 1 else ""
+    reference = {
+        f"estimate (all parts){per}": n * figures["mem/estimate_bytes"],
+        f"estimate: params + gradients + optimizer{per}": n * fixed,
+    }
+    png = timeline_png(
+        history.step_peaks,
+        history.current_bytes,
+        reference,
+        run_dir / "memory_timeline.png",
+        title,
+        history.first_step,
+    )
+    tracker.log_artifact(png)
+
+
+def log_plan(tracker: Tracker, record: dict, run_dir: Path) -> None:
+    """accum=auto's decision and its evidence in the run (runner/plan/auto.py): plan/* metrics,
+    and plan.json in the run directory and among the run's artifacts."""
+    tracker.log_metrics(
+        {
+            "plan/micro_batch": record["micro_batch"],
+            "plan/accum": record["accum"],
+            "plan/predicted_peak_bytes": record["predicted_peak_bytes"],
+            "plan/budget_bytes": record["budget_bytes"],
+        },
+        step=0,
+    )
+    tracker.set_tags({"plan": "accum=auto"})
+    path = run_dir / "plan.json"
+    path.write_text(json.dumps(record, indent=2))
+    tracker.log_artifact(path)

@@ -1,0 +1,51 @@
+"""The end-of-run summary: printed, and the run's description on its MLflow page."""
+
+from runner.report.layer_report import summary_lines
+from runner.report.pruning import pruning_summary
+from runner.track.client import ui_hint
+from runner.track.tracker import WorkerTracker
+
+# How the summary names mem/peak_reserved_bytes, by mem/reserved_source.
+_RESERVED_LABEL = {"rss_delta": "process RSS +", "nvidia_smi": "GPU held ", "none": "held ?"}
+
+
+def summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table) -> str:
+    """The end-of-run summary: printed, and the run's description in the MLflow UI."""
+    losses, final = history.losses, history.evals[-1][1]
+    lines = [
+        f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "
+        f"on {dev}: {len(losses)} steps in {seconds:.1f} s"
+        + (
+            f" (resumed: steps {history.first_step}-{history.last_step}; the figures cover "
+            "these only)"
+            if history.first_step > 1
+            else ""
+        ),
+        f"  train/loss {losses[0]:.4f} -> {losses[-1]:.4f}   val/loss {final['val/loss']:.4f}"
+        f"   val/accuracy {final['val/accuracy']:.4f}",
+    ]
+    if "prune/sparsity" in figures:
+        lines.append(pruning_summary(figures))
+    lines.append(
+        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
+        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB; "
+        f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"
+        f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
+        f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "
+        f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
+        f"{figures['speed/compile_s']:.1f} s"
+    )
+    if "mem/peak_scope" in sources:  # under tf.distribute; the estimate is one replica's
+        lines.append(f"  peak of {sources['mem/peak_scope']}; the estimate is one replica's")
+    if table:
+        lines += summary_lines(figures, table)
+    lines += [f"  note: {note}" for note in notes]
+    if isinstance(tracker, WorkerTracker):
+        lines.append("  MLflow: this worker's figures are in the chief's run")
+        return "\n".join(lines)
+    command, url = ui_hint(cfg.mlflow.tracking_uri, tracker.experiment_id, tracker.run_id)
+    lines.append(f"  MLflow: run '{tracker.run_name}' in experiment '{cfg.mlflow.experiment}'")
+    if command:
+        lines.append(f"  open the UI: {command}")
+    lines.append(f"  then: {url}")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""A sweep's job: run in a fresh process of its own (sweep.isolate), told what a resumed sweep
+does with it, and stopped with the sweep.
+
+TensorFlow keeps memory for the life of a process, and in-process jobs were measured charged
+for earlier ones (a small job's peak rose from 36.0 to 52.3 MB after a larger job): a fresh
+process per job makes every job's figures its own.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from runner.sweep.callback import stop
+from runner.sweep.resume import JobPlan, plan_job
+from runner.sweep.state import JOB_ENV, KEY, PARENT_ENV, SWEEP_PID_ENV, sweep_of_job
+
+RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
+
+
+def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
+    """Run this sweep job as a plain run in a fresh Python process, and wait for it. The
+    child records its run (FINISHED, or FAILED with its `failure` tag) under the sweep's
+    parent run.
+
+    The child has a session of its own, so a Ctrl-C reaches the sweep's process only: the
+    first SIGINT or SIGTERM is passed on as SIGTERM (the job ends its step, checkpoints and
+    stops), a second SIGINT as SIGINT (it stops at once); then the sweep stops too, and
+    `sweep.resume` goes on with it. If the sweep's process dies, the child gets SIGTERM.
+    """
+    hydra_cfg = HydraConfig.get()
+    task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
+    name = cfg.mlflow.run_name or " ".join(task) or "default"
+    args = [
+        sys.executable,
+        str(RUN_PY),
+        *task,
+        # A plain run: a preset that sets hydra.mode=MULTIRUN (experiment=memory_study)
+        # must not make the child sweep again.
+        "hydra.mode=RUN",
+        f"hydra.run.dir={hydra_cfg.runtime.output_dir}",
+        f"mlflow.run_name='{name}'",
+        *([f"trainer.resume={resume_from}"] if resume_from else []),
+    ]
+    env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
+    sweep = sweep_of_job()
+    if sweep is not None and sweep["tracking_uri"] is not None:  # from sweep.json: a Ray
+        env[PARENT_ENV] = sweep["parent_run_id"]  # cluster's worker has not the sweep's env
+        env["MLFLOW_TRACKING_URI"] = sweep["tracking_uri"]
+    child = subprocess.Popen(args, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def pass_on(signum, frame) -> None:
+        child.send_signal(signal.SIGTERM if not received else signal.SIGINT)
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        returncode = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        stop(cfg.mlflow.tracking_uri, received[0])
+    if returncode != 0:  # the sweep goes on; the job's MLflow run holds the error
+        print(
+            f"tfmemlab: job {hydra_cfg.job.num} failed (exit {returncode}); its "
+            "MLflow run has the error and a failure tag",
+            file=sys.stderr,
+        )
+
+
+def plan_sweep_job() -> JobPlan:
+    """In a resumed sweep (sweep.resume): what this job does, said before it does it."""
+    hydra_cfg = HydraConfig.get()
+    plan = plan_job(Path(hydra_cfg.runtime.output_dir))
+    verb = {
+        "run": "runs",
+        "skip": "skipped",
+        "busy": "left to it",
+        "resume": "goes on from its last checkpoint",
+        "rerun": "runs again, in a new run",
+    }[plan.action]
+    print(f"tfmemlab: job {hydra_cfg.job.num}: {plan.reason}: {verb}", flush=True)
+    return plan
+
+
+def die_with_sweep() -> None:
+    """In a job run in a process of its own: get SIGTERM when the sweep's process dies, even by
+    SIGKILL, so the job ends its step, checkpoints and marks its run KILLED instead of going
+    on alone (Linux: PR_SET_PDEATHSIG)."""
+    sweep_pid = os.environ.get(SWEEP_PID_ENV)
+    if sweep_pid is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(sweep_pid):  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)

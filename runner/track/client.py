@@ -1,0 +1,89 @@
+"""The MLflow store: a client for a tracking URI, its experiment, and the UI's address.
+
+The embedded default is a SQLite file (`sqlite:///outputs/mlflow.db`, no server); any other
+URI (`MLFLOW_TRACKING_URI` or `mlflow.tracking_uri`) works the same. A SQLite store is
+created under a lock beside it: MLflow's migrations, run by several processes at once on a
+fresh file, failed all of them and left the store broken (issue 16).
+"""
+
+import contextlib
+import os
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from runner.core.errors import TrackingError
+from runner.track.server import REPAIR, remote, sqlite_path
+
+
+def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    db = sqlite_path(uri)
+    # Keep a local store's artifacts beside its database, not in ./mlruns of whatever cwd.
+    location = (db.parent.resolve() / "mlartifacts").as_uri() if db else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        # A run started at the same moment created it first.
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str | None, str]:
+    """(the command that serves the MLflow UI on this store or None, the page's URL).
+
+    MLflow 3.17's UI opens an experiment on its GenAI overview; `workflowType=machine_learning`
+    opens the runs table (shared GUIDE).
+    """
+    page = f"#/experiments/{experiment}/runs" + (f"/{run_id}" if run_id else "")
+    page += "?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):
+        return None, f"{uri.rstrip('/')}/{page}"
+    return f"mlflow ui --backend-store-uri {uri}", f"http://127.0.0.1:5000/{page}"
+
+
+@contextlib.contextmanager
+def store_lock(db: Path):
+    """Hold an exclusive lock on <db>.lock: MLflow creates and migrates a fresh SQLite store
+    on first use, and three processes doing so at once all failed (`table _alembic_tmp_tags
+    already exists`) and left the store broken for every later run (issue 16)."""
+    import fcntl
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _broken_store(db: Path, err: Exception) -> TrackingError:
+    return TrackingError(
+        f"mlflow.tracking_uri=sqlite:///{db}: the store cannot be opened "
+        f"({type(err).__name__}: {str(err).splitlines()[0][:160]}); `{REPAIR} {db}` backs it "
+        "up and finishes its schema (no run is deleted)"
+    )
+
+
+def client_for(uri: str) -> MlflowClient:
+    """A client of the store at `uri`; a SQLite store is created (or opened) under a lock, so
+    runs started together on a fresh store all get it."""
+    if remote(uri):
+        # MLflow retries a failed request 7 times with backoff and waits 120 s for each: a
+        # server lost mid-run would stall training for minutes at every call. These bounds
+        # leave a slow server time to answer; the user's own settings win.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    with store_lock(db):
+        try:
+            return MlflowClient(tracking_uri=uri)  # creates and migrates the store if need be
+        except Exception as err:
+            raise _broken_store(db, err) from err

@@ -1,0 +1,152 @@
+"""A run's life in MLflow: opened (or reopened to resume), closed FINISHED, FAILED or KILLED.
+
+MLflow leaves a run RUNNING when the process dies and only marks FINISHED at interpreter exit
+(mlflow#10510), so tfmemlab sets the status itself: FINISHED, FAILED with the error and its
+kind as tags, or KILLED after a signal; runs of the same job left RUNNING by a process that is
+gone are marked KILLED at the next start. A tracking server that does not answer at start is a
+one-line error within seconds (MLflow's own client retried silently for minutes).
+"""
+
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from mlflow.entities import RunTag
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from runner.core.errors import Interrupted
+from runner.core.process import pid_alive
+from runner.track.client import client_for, experiment_id
+from runner.track.server import check_reachable
+from runner.track.tracker import PENDING, Tracker, flatten
+
+
+def failure_kind(err: BaseException) -> str:
+    """oom | nan | error: what made a job fail, as the `failure` tag (issue 7)."""
+    if type(err).__name__ == "ResourceExhaustedError":  # tf.errors, without importing TF
+        return "oom"
+    if isinstance(err, FloatingPointError):  # raised by the loop on a non-finite loss
+        return "nan"
+    return "error"
+
+
+def _logged_steps(client: MlflowClient, run_id: str) -> dict[str, int]:
+    """The last step each metric of the run was logged at."""
+    keys = client.get_run(run_id).data.metrics
+    return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def close_lost_runs(client: MlflowClient, experiment: str, job: str, resuming: str | None) -> None:
+    """Report, and mark KILLED, the runs of this job on this host left RUNNING by a process
+    that is gone (SIGKILL, a crash of the machine's OOM killer): MLflow never cleans them up
+    (mlflow#10510). The run `resuming` goes on instead."""
+    host = socket.gethostname()
+    for run in client.search_runs([experiment], "attributes.status = 'RUNNING'", max_results=200):
+        tags = run.data.tags
+        if tags.get("job") != job or tags.get("host") != host or "pid" not in tags:
+            continue
+        if run.info.run_id == resuming or pid_alive(int(tags["pid"])):
+            continue
+        run_dir = Path(tags.get("run_dir", "?"))
+        has_checkpoint = (run_dir / "checkpoints" / "checkpoint").is_file()
+        how = (
+            f"go on from its last checkpoint with: python run.py trainer.resume={run_dir}"
+            if has_checkpoint
+            else "it wrote no checkpoint (trainer.checkpoint_every)"
+        )
+        client.set_tag(run.info.run_id, "lost", f"process {tags['pid']} on {host} gone")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        print(
+            f"tfmemlab: run {run.info.run_id} of this job was left RUNNING by process "
+            f"{tags['pid']}, which is gone (killed): marked KILLED; {how}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@contextlib.contextmanager
+def mlflow_run(
+    cfg: DictConfig,
+    run_name: str,
+    run_dir: Callable[[str], Path] | None = None,
+    resume_run_id: str | None = None,
+    job: str | None = None,
+    tags: dict[str, str] | None = None,
+):
+    """Open a run (or reopen `resume_run_id`), yield a Tracker, and close the run FINISHED,
+    FAILED, or KILLED when a signal or Ctrl-C stopped it (then re-raise).
+
+    run_dir(run_id): the run's directory, where a remote run keeps what a lost server did
+    not get (Tracker). A reopened run logs no metric at a step it already has. tags: set on a
+    new run (a sweep's job: its parent run and job number, from runner/sweep/state.py)."""
+    uri = cfg.mlflow.tracking_uri
+    check_reachable(uri)
+    client = client_for(uri)
+    if resume_run_id is None:
+        experiment = experiment_id(client, cfg.mlflow.experiment, uri)
+    else:
+        experiment = client.get_run(resume_run_id).info.experiment_id
+    if job is not None:
+        close_lost_runs(client, experiment, job, resume_run_id)
+    process = {"host": socket.gethostname(), "pid": str(os.getpid())}  # close_lost_runs reads
+    if resume_run_id is None:
+        run = client.create_run(
+            experiment, run_name=run_name, tags={**(tags or {}), **process, "job": job or ""}
+        )
+    else:
+        run = client.get_run(resume_run_id)
+        run_name = run.info.run_name
+        client.update_run(resume_run_id, status="RUNNING")
+        client.log_batch(resume_run_id, tags=[RunTag(k, v) for k, v in process.items()])
+    pending = run_dir(run.info.run_id) / PENDING if run_dir is not None else None
+    tracker = Tracker(client, run.info.run_id, experiment, run_name, pending)
+    if run_dir is not None:
+        tracker.set_tags({"run_dir": str(run_dir(run.info.run_id).resolve())})
+    if resume_run_id is not None:
+        tracker.logged = _logged_steps(client, resume_run_id)
+    monitor = _system_metrics(cfg, run.info.run_id)
+    try:
+        yield tracker
+    except BaseException as err:
+        with contextlib.suppress(Exception):  # never let logging hide the real error
+            tracker.flush()
+            if not isinstance(err, Interrupted):
+                tracker.set_tags(
+                    {"error": f"{type(err).__name__}: {err}"[:5000], "failure": failure_kind(err)}
+                )
+        # A signal (Interrupted) or Ctrl-C is not the job's failure.
+        stopped = isinstance(err, KeyboardInterrupt | Interrupted)
+        tracker.terminate("KILLED" if stopped else "FAILED")
+        raise
+    finally:
+        if monitor is not None:
+            monitor.finish()
+    tracker.flush()
+    tracker.terminate("FINISHED")
+
+
+def _system_metrics(cfg: DictConfig, run_id: str):
+    """MLflow's CPU/GPU/RAM sampler (mlflow.system_metrics=true), bound to this run's store."""
+    if not cfg.mlflow.system_metrics:
+        return None
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(
+        run_id,
+        sampling_interval=cfg.mlflow.system_metrics_interval_s,
+        tracking_uri=cfg.mlflow.tracking_uri,
+    )
+    monitor.start()
+    return monitor
+
+
+def log_config(tracker: Tracker, cfg: DictConfig, overrides: list[str]) -> None:
+    """The resolved config as params and as an artifact, plus the overrides that made it."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    tracker.log_params(flatten(resolved))
+    tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+    tracker.log_text("\n".join(overrides) + "\n", "overrides.txt")

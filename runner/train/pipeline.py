@@ -1,0 +1,285 @@
+"""`run(cfg) -> dict`: the whole pipeline, top to bottom.
+
+seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
+train loop -> evaluate -> report. accum=auto is decided before this (runner/plan/auto.py,
+which run.py calls), and a sweep's job is handed the tags that place it under its sweep.
+"""
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from runner.config import IMAGE_MODELS, validate
+from runner.core.errors import ConfigError
+from runner.core.start import quiet_python_logs
+from runner.measure import estimate, profile
+from runner.measure.history import History
+from runner.measure.telemetry import Memory, replica_memory
+from runner.report import figures as report
+from runner.report import layer_report
+from runner.report import pruning as pruning_report
+from runner.report.summary import summary
+from runner.techniques import distribution, precision
+from runner.techniques.accumulation import make_train_step
+from runner.track.lifecycle import log_config, mlflow_run
+from runner.track.tracker import WorkerTracker
+from runner.train import device, rundir
+from runner.train.data import build_data
+from runner.train.job import Built, Job, build, train_state
+from runner.train.loop import Steps, evaluate, train
+from runner.train.optimizer import make_eval_step, resolve_jit
+from runner.train.signals import StopOnSignal
+
+
+def _overrides() -> list[str]:
+    """The command-line overrides of this job (empty when called outside Hydra)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _run_dir(run_id: str) -> Path:
+    """Hydra's output folder for this job, or outputs/runs/<run id> outside Hydra."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path("outputs") / "runs" / run_id
+
+
+def _batchnorm_note(cfg: DictConfig) -> str | None:
+    if cfg.accum > 1 and cfg.model.name in IMAGE_MODELS:
+        return (
+            f"model={cfg.model.name} has BatchNorm, whose statistics update on every "
+            f"micro-batch of {cfg.data.batch_size}: accum={cfg.accum} matches a batch of "
+            f"{cfg.data.batch_size * cfg.accum} in its gradients, not in its BatchNorm "
+            "statistics."
+        )
+    return None
+
+
+def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Job:
+    """Config and versions first, then the device: a failure there is recorded in the run. A
+    resumed run (a resume point) has its config logged already."""
+    if point is None:
+        log_config(tracker, cfg, overrides)
+    tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
+    gpus = device.setup()
+    strategy = distribution.make_strategy(cfg.distribution, gpus)  # before any op runs
+    dev = device.resolve(cfg.trainer.device, gpus)
+    name = device.describe(dev, gpus)
+    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, dev.startswith("/GPU"))
+    tracker.set_tags({"device": dev, "device_name": name, "xla": jit})
+    if strategy is not None:
+        devices = distribution.local_devices(strategy, dev)
+        tracker.set_tags({"distribution": cfg.distribution.strategy, "replica_devices": devices})
+    return Job(cfg, tracker, run_dir, stop, dev, name, jit, strategy, point is not None)
+
+
+def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
+    """The compiled steps around the readable loop from optimizer step `first`; evaluation and
+    the loss scale as hooks, pruning's masks chosen and applied inside the step, right after
+    each update. Under a strategy each replica takes its part of every micro-batch, and every
+    worker evaluates the whole validation split."""
+    cfg, st = job.cfg, job.strategy
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    eval_step = make_eval_step(built.trained, loss_fn, job.jit)
+    after_update = built.pruner.after_update if built.pruner else None
+    step = make_train_step(
+        built.trained, built.optimizer, loss_fn, cfg.accum, job.jit, after_update, st
+    )
+    steps = Steps(
+        train_step=step,
+        evaluate=lambda: evaluate(eval_step, built.data, cfg.trainer.eval_batches),
+        batches=distribution.feed(st, state.iterator, cfg.data.batch_size)
+        if st
+        else state.iterator,
+        total=built.total_steps,
+        first=first,
+        eval_every=cfg.trainer.eval_every,
+        progress=cfg.trainer.progress,
+        step_metrics=precision.step_metrics(built.optimizer),
+    )
+    return train(steps, job.tracker, mem, state)
+
+
+def _out_of_memory(err, job: Job, built: Built):
+    """The same error, its message saying what ran out and which levers to try."""
+    cfg = job.cfg
+    cpu_xla = estimate.is_cpu_xla(job.jit, job.device_name)
+    parts = estimate.estimate_memory(
+        built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat
+    )
+    on_gpu = "GPU" in job.device_name.upper()
+    limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if not on_gpu else None
+    b, k = cfg.data.batch_size, cfg.accum
+    halved = f"accum={2 * k} data.batch_size={b // 2} (the same effective batch), " if b > 1 else ""
+    message = (
+        f"out of memory at optimizer step {getattr(err, 'tfmemlab_step', '?')} with micro-batch "
+        f"data.batch_size={b} x accum={k}: the estimate for this job is "
+        f"{parts['total'] / 2**20:.1f} MiB "
+        + (f"against a limit of {limit} MiB " if limit else f"on {job.device_name} ")
+        + f"(checkpointing={cfg.checkpointing.policy}, precision={cfg.precision.name}); to "
+        f"fit, try {halved}checkpointing=blocks or selective, precision=mixed or bf16, or a "
+        f"smaller data.batch_size. TensorFlow: {str(err.message).splitlines()[0][:300]}"
+    )
+    return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
+
+
+def _profile(job: Job, built: Built, sources: dict) -> tuple[dict, list]:
+    """profile.layers=true: the per-layer profile, after the run's own figures are taken;
+    its figures are returned, its tags and artifacts logged here."""
+    if not job.cfg.profile.layers:
+        return {}, []
+    print("tfmemlab: profiling layer by layer, without XLA (profile.layers=true)", flush=True)
+    figures, tags, table, roof = profile.profile_layers(
+        job.cfg, built.model, built.trained, built.optimizer, built.data, built.pruner,
+        job.device_name,
+    )  # fmt: skip
+    sources.update(tags)
+    for path in layer_report.write(table, roof, job.run_dir, job.tracker.run_name):
+        job.tracker.log_artifact(path)
+    return figures, table
+
+
+def _job(job: Job) -> tuple[dict, dict, History, list]:
+    """Data, model, techniques, optimizer, the loop and the report, on the job's device (or
+    the replicas of its strategy); from the run directory's last checkpoint when resuming."""
+    cfg, st, tracker = job.cfg, job.strategy, job.tracker
+    mem = replica_memory(distribution.local_devices(st, job.device)) if st else Memory(job.device)
+    mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
+    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, job.replicas)
+    built = build(job, data)
+    state = train_state(job, built)
+    first = 1
+    if job.resuming:
+        first = state.restore() + 1
+        print(f"tfmemlab: resumed after optimizer step {first - 1} from {job.run_dir}", flush=True)
+        tracker.set_tags({"resumed_from_step": first - 1})
+        # The figures below cover the resumed steps only (this process's allocator and clock).
+        tracker.set_tags({"figures_cover_steps": f"{first}-{built.total_steps}"})
+    build_peak = mem.peak()
+    tracker.log_params(  # a resumed run logs the same values again, which MLflow accepts
+        {
+            "effective_batch_size": cfg.data.batch_size * cfg.accum * job.replicas,
+            "replicas": job.replicas,
+            "params_total": built.trained.count_params(),
+            "total_steps": built.total_steps,
+            "remat/policy": built.remat.policy,
+        }
+    )
+    try:
+        history = _train(job, built, state, first, mem)
+    except tf.errors.ResourceExhaustedError as err:
+        raise _out_of_memory(err, job, built) from None
+    facts = report.RunFacts(
+        built.model, built.optimizer, data.spec, history, build_peak, job.device_name, job.jit,
+        built.remat, mem, job.replicas,
+    )  # fmt: skip
+    figures, sources = report.collect(cfg, facts)
+    # A collective: every worker takes part, and the chief logs every replica's figures.
+    chief = not isinstance(tracker, WorkerTracker)
+    replica_figures, replica_tags = distribution.replica_figures(st, history, figures, chief)
+    figures.update(replica_figures)
+    sources.update(replica_tags)
+    figures.update(pruning_report.pruning_figures(built.pruner, tracker, job.run_dir, history))
+    layer_figures, table = _profile(job, built, sources)
+    figures.update(layer_figures)
+    report.publish(tracker, figures, history, job.run_dir, tracker.run_name, sources)
+    return figures, sources, history, table
+
+
+def _resumed_config(point: rundir.ResumePoint, cfg: DictConfig) -> DictConfig:
+    """The config the resumed run was started with (its job is rebuilt exactly), with this
+    command's trainer.resume."""
+    saved = point.config.copy()
+    saved.trainer.resume = cfg.trainer.resume
+    return saved
+
+
+def _tracker(cfg, run_name: str, point, overrides: list[str], tags: dict | None):
+    """The run in MLflow (reopened when resuming); a non-chief worker of a multi-worker job
+    logs nothing (its figures reach the chief's run through the strategy)."""
+    if not distribution.is_chief(cfg.distribution):
+        return contextlib.nullcontext(WorkerTracker(run_name))
+
+    def run_dir_of(run_id: str) -> Path:
+        return point.run_dir if point is not None else _run_dir(run_id)
+
+    resumed_id = point.run_id if point is not None else None
+    job = rundir.job_key(overrides) if point is None else point.job
+    return mlflow_run(cfg, run_name, run_dir_of, resumed_id, job, tags)
+
+
+def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> dict:
+    """Train the job `cfg` describes, record it in MLflow, and return its figures.
+
+    tags: set on the new MLflow run (a sweep's job: runner.sweep.state.sweep_tags); plan:
+    accum=auto's record (runner/plan/auto.py), logged with the run."""
+    quiet_python_logs()
+    validate(cfg)
+    overrides = _overrides()
+    point = rundir.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
+    if point is not None:
+        cfg = _resumed_config(point, cfg)
+    if cfg.accum == "auto":
+        raise ConfigError("accum", "auto", "an integer here: runner.plan.auto decides it first")
+    run_name = cfg.mlflow.run_name or " ".join(overrides) or "default"
+    if cfg.trainer.deterministic:  # process-wide: the ops that follow are deterministic
+        tf.config.experimental.enable_op_determinism()
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(cfg.trainer.seed)
+    started = time.perf_counter()
+    # The run is opened before anything that can fail (device setup included), so every
+    # failure after the command-line check leaves a FAILED run with its error (issue 13).
+    # SIGTERM/SIGINT from here on end the job after its next optimizer step, checkpointed.
+    with StopOnSignal() as stop, _tracker(cfg, run_name, point, overrides, tags) as tracker:
+        run_dir = point.run_dir if point is not None else _run_dir(tracker.run_id)
+        if point is None:
+            rundir.write_run_file(run_dir, tracker.run_id, cfg, overrides)
+        if plan is not None:
+            report.log_plan(tracker, plan, run_dir)
+        job = _setup(cfg, tracker, run_dir, stop, point, overrides)
+        stop.take_back()  # from TensorFlow's coordination service (multi_worker)
+        notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg.precision, job.device)) if n]
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        # Under a strategy its scope places the variables and strategy.run the steps.
+        where = tf.device(job.device) if job.strategy is None else contextlib.nullcontext()
+        with precision.policy(cfg.precision), where:
+            figures, sources, history, table = _job(job)
+        seconds = time.perf_counter() - started
+        shown = job.device
+        if job.strategy is not None:
+            shown = f"{job.replicas} replicas ({cfg.distribution.strategy})"
+        text = summary(cfg, shown, history, figures, sources, seconds, tracker, notes, table)
+        tracker.set_tags({"mlflow.note.content": text})
+    print(text)
+    _say_if_lost(tracker, run_dir)
+    return _result(tracker, history, figures, sources, table)
+
+
+def _say_if_lost(tracker, run_dir: Path) -> None:
+    if tracker.lost is not None:
+        print(
+            f"tfmemlab: the MLflow server stopped answering during this run ({tracker.lost}). "
+            f"Its figures are in {run_dir / 'metrics.json'}, and what MLflow did not get in "
+            f"{tracker.pending_path}; once the server is back, send them with:\n"
+            f"  python -m runner.track.upload {run_dir}",
+            flush=True,
+        )
+
+
+def _result(tracker, history: History, figures: dict, sources: dict, table: list) -> dict:
+    layers = {"layers/table": table, "layers/top_activation": sources.get("layers/top_activation")}
+    return {
+        "run_id": tracker.run_id,
+        "run_name": tracker.run_name,
+        "steps": len(history.losses),
+        **history.evals[-1][1],
+        **figures,
+        **(layers if table else {}),
+    }
