@@ -131,9 +131,8 @@ def wait(workers: list[subprocess.Popen]) -> int:
     return (failed or [c for c in codes if c] or [0])[0]
 
 
-def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]]]:
-    """The launch folder and each worker's run.py command, from the launch's command line;
-    bad input exits with one line, before any worker starts (and before TensorFlow loads)."""
+def command_line() -> argparse.ArgumentParser:
+    """The command line of `python -m runner.launch`."""
     parser = argparse.ArgumentParser(
         prog="python -m runner.launch",
         description="Start N local workers of one multi-worker job (distribution=multi_worker).",
@@ -146,6 +145,13 @@ def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]]]:
         "--resume", type=Path, default=None, help="a launch folder whose workers were stopped"
     )
     parser.add_argument("overrides", nargs="*", help="run.py overrides, after --")
+    return parser
+
+
+def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]]]:
+    """The launch folder and each worker's run.py command, from the launch's command line;
+    bad input exits with one line, before any worker starts (and before TensorFlow loads)."""
+    parser = command_line()
     args = parser.parse_args(argv)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     if args.resume is not None:

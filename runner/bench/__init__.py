@@ -1,4 +1,4 @@
-"""Benchmarks that print figures measured side by side in one process.
+"""Benchmarks that print figures measured side by side in one run (each job in a fresh process).
 
     python -m runner.bench overhead          # runner loop vs plain model.fit, same model and data
     python -m runner.bench memory            # peak vs batch size and width, measured vs estimate

@@ -58,7 +58,7 @@ class PrecisionConfig:
 
 @dataclass
 class CheckpointingConfig:
-    policy: str = "none"  # none | blocks | sqrt | every
+    policy: str = "none"  # none | blocks | sqrt | every | selective
     every: int = 2  # policy=every: blocks per recomputed segment
 
 

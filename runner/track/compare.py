@@ -229,7 +229,8 @@ def write_markdown(out: list[dict], path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def command_line() -> argparse.ArgumentParser:
+    """The command line of `python -m runner.track.compare`."""
     parser = argparse.ArgumentParser(
         prog="python -m runner.track.compare",
         description=__doc__,
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = command_line()
     args = parser.parse_args(argv)
     if sum(map(bool, (args.run_ids, args.sweep, args.experiment))) != 1:
         parser.error("give exactly one of: run ids, --sweep, --experiment")

@@ -70,11 +70,16 @@ def repair(db: Path) -> tuple[Path, list[str]]:
     return backup, dropped
 
 
-def main(argv: list[str]) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The command line of `python -m runner.track.store`."""
     parser = argparse.ArgumentParser(prog="python -m runner.track.store", description=__doc__)
     parser.add_argument("action", choices=["repair"])
     parser.add_argument("db", type=Path, help="the SQLite file, e.g. outputs/mlflow.db")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = command_line().parse_args(argv)
     try:
         backup, dropped = repair(args.db)
     except TrackingError as err:

@@ -59,10 +59,15 @@ def upload(run_dir: Path) -> int:
     return len(records) - done
 
 
-def main(argv: list[str]) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The command line of `python -m runner.track.upload`."""
     parser = argparse.ArgumentParser(prog="python -m runner.track.upload", description=__doc__)
     parser.add_argument("run_dir", type=Path, help="the run directory the run printed")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = command_line().parse_args(argv)
     try:
         sent = upload(args.run_dir)
     except TrackingError as err:
