@@ -119,9 +119,11 @@ def test_a_job_repeating_another_gets_its_job_number(study):
 
 
 def test_sweep_names_child_runs_by_their_labels(study):
+    from runner.sweep.callback import name_runs
+
     client, runs = study()
     first = compare.rows(runs, "0")
-    sweep.name_runs(client, runs, first)
+    name_runs(client, runs, first)
     renamed = [client.get_run(r.info.run_id) for r in runs]
     assert [r.info.run_name for r in renamed] == LABELS
     assert renamed[3].data.tags["overrides"] == "variant=accum4 +experiment=memory_study"

@@ -1,5 +1,8 @@
 """The end-of-run summary: printed, and the run's description on its MLflow page."""
 
+from dataclasses import dataclass, field
+
+from runner.measure.history import History
 from runner.report.layer_report import summary_lines
 from runner.report.pruning import pruning_summary
 from runner.track.client import ui_hint
@@ -9,8 +12,23 @@ from runner.track.tracker import WorkerTracker
 _RESERVED_LABEL = {"rss_delta": "process RSS +", "nvidia_smi": "GPU held ", "none": "held ?"}
 
 
-def summary(cfg, dev, history, figures, sources, seconds, tracker, notes, table) -> str:
+@dataclass
+class Outcome:
+    """What a finished run has to say for itself."""
+
+    where: str  # the device, or "<n> replicas (<strategy>)"
+    history: History
+    figures: dict
+    sources: dict  # tags saying where the figures came from
+    seconds: float  # wall time of the whole run
+    notes: list[str] = field(default_factory=list)  # precision and BatchNorm notes
+    table: list[dict] = field(default_factory=list)  # the layer profile's rows, if any
+
+
+def summary(cfg, tracker, outcome: Outcome) -> str:
     """The end-of-run summary: printed, and the run's description in the MLflow UI."""
+    history, figures, sources = outcome.history, outcome.figures, outcome.sources
+    dev, seconds, notes, table = outcome.where, outcome.seconds, outcome.notes, outcome.table
     losses, final = history.losses, history.evals[-1][1]
     lines = [
         f"tfmemlab: model={cfg.model.name} precision={cfg.precision.name} accum={cfg.accum} "

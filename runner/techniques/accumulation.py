@@ -69,19 +69,28 @@ def make_train_step(
 
     if strategy is not None:
         return make_replicated_step(strategy, gradients, update, variables, accum, jit_compile)
-
     if accum == 1:
+        return _one_step(gradients, update, jit_compile)
+    return _accumulating_step(gradients, update, variables, accum, jit_compile)
 
-        @tf.function(jit_compile=jit_compile)
-        def step(x, y):
-            loss, grads = gradients(x, y)
-            return loss, update(grads)
 
-        def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
-            return step(*next(batches))
+def _one_step(gradients, update, jit_compile: bool):
+    """accum=1: one compiled function, gradients then the update."""
 
-        return train_step
+    @tf.function(jit_compile=jit_compile)
+    def step(x, y):
+        loss, grads = gradients(x, y)
+        return loss, update(grads)
 
+    def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
+        return step(*next(batches))
+
+    return train_step
+
+
+def _accumulating_step(gradients, update, variables, accum: int, jit_compile: bool):
+    """accum > 1: each micro-batch's gradients added in place into float32 sums, then the
+    update from the sums in a call of its own (module docstring)."""
     # Accumulators as variables, updated with assign_add: a loop-carried sum was measured
     # holding about three copies of the weights at once (old sum, new sum, micro-batch
     # gradients; MobileNetV2 peak(b8, accum4) was peak(b8, accum1) + 3 to 3.7 accumulators).

@@ -27,7 +27,8 @@ from runner.track.tracker import PENDING, Tracker, flatten
 
 def failure_kind(err: BaseException) -> str:
     """oom | nan | error: what made a job fail, as the `failure` tag (issue 7)."""
-    if type(err).__name__ == "ResourceExhaustedError":  # tf.errors, without importing TF
+    tf = sys.modules.get("tensorflow")  # loaded by whatever ran out of memory; not imported here
+    if tf is not None and isinstance(err, tf.errors.ResourceExhaustedError):
         return "oom"
     if isinstance(err, FloatingPointError):  # raised by the loop on a non-finite loss
         return "nan"

@@ -25,7 +25,7 @@ from runner.measure.telemetry import Memory, replica_memory
 from runner.report import figures as report
 from runner.report import layer_report
 from runner.report import pruning as pruning_report
-from runner.report.summary import summary
+from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
 from runner.track.lifecycle import log_config, mlflow_run
@@ -255,7 +255,8 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
         shown = job.device
         if job.strategy is not None:
             shown = f"{job.replicas} replicas ({cfg.distribution.strategy})"
-        text = summary(cfg, shown, history, figures, sources, seconds, tracker, notes, table)
+        outcome = Outcome(shown, history, figures, sources, seconds, notes, table)
+        text = summary(cfg, tracker, outcome)
         tracker.set_tags({"mlflow.note.content": text})
     print(text)
     _say_if_lost(tracker, run_dir)
