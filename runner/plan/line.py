@@ -108,10 +108,10 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     cfg = with_batch(cfg, 1, 1)
     jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
     cpu_xla = is_cpu_xla(jit, name)
-    with precision.policy(cfg):
+    with precision.policy(cfg.precision):
         built = build_model(cfg.model, spec)
         model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
-        optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg)
+        optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg.precision)
         optimizer.build(model.trainable_variables)
         one = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat)
         two = estimate.estimate_memory(
