@@ -8,6 +8,7 @@ from runner.core.start import import_tensorflow
 BENCHES = (
     "overhead",
     "memory",
+    "estimate",
     "precision_accum",
     "checkpointing",
     "gpu_check",

@@ -1,0 +1,70 @@
+"""The estimate against the measured peak over the transformer's calibration matrix: every
+precision x dropout x checkpointing policy (issue 15's band, 0.85-1.15), one process per job.
+
+    python -m runner.bench estimate [overrides...]
+
+The suite runs a pairwise subset of these cells (PAIRWISE: every pair of values of any two
+factors appears once); this benchmark runs all of them.
+"""
+
+import itertools
+
+from runner.bench import run_jobs, table
+
+# At these sizes the attention core dominates, so the rules for it are what is checked.
+SIZES = [
+    "model=transformer",
+    "model.h=32",
+    "model.heads=4",
+    "model.layers=2",
+    "data.seq_len=256",
+    "data.batch_size=8",
+    "data.vocab_size=256",
+    "data.train_samples=48",
+    "data.val_samples=8",
+    "trainer.max_steps=3",
+    "trainer.jit_compile=false",
+]
+PRECISIONS = ("fp32", "bf16", "mixed")
+DROPOUTS = ("0", "0.1")
+POLICIES = ("none", "blocks", "selective")
+CELLS = list(itertools.product(PRECISIONS, DROPOUTS, POLICIES))
+# Nine of the 18 cells that hold every (precision, dropout), (precision, policy) and
+# (dropout, policy) pair.
+PAIRWISE = [
+    ("fp32", "0", "none"),
+    ("fp32", "0.1", "blocks"),
+    ("fp32", "0", "selective"),
+    ("bf16", "0.1", "none"),
+    ("bf16", "0", "blocks"),
+    ("bf16", "0.1", "selective"),
+    ("mixed", "0", "none"),
+    ("mixed", "0.1", "blocks"),
+    ("mixed", "0.1", "selective"),
+]
+BAND = (0.85, 1.15)
+
+
+def job(cell: tuple[str, str, str]) -> list[str]:
+    precision, dropout, policy = cell
+    return [*SIZES, f"precision={precision}", f"model.dropout={dropout}", f"checkpointing={policy}"]
+
+
+def main(extra: list[str], cells: list[tuple] = CELLS) -> dict[tuple, float]:
+    """measured / estimate per cell, printed with the band's verdict."""
+    results = run_jobs({" ".join(cell): job(cell) for cell in cells}, extra)
+    measured = zip(cells, results.values(), strict=True)
+    ratios = {cell: r["mem/measured_over_estimate"] for cell, r in measured}
+    rows = [
+        {"precision": p, "dropout": d, "checkpointing": c, "measured/estimate": v}
+        for (p, d, c), v in ratios.items()
+    ]
+    print(table(rows, ["precision", "dropout", "checkpointing", "measured/estimate"]))
+    low, high = BAND
+    outside = [cell for cell, v in ratios.items() if not low <= v <= high]
+    print(
+        f"measured/estimate {min(ratios.values()):.3f}-{max(ratios.values()):.3f} over "
+        f"{len(ratios)} cells (target: every cell in {low}-{high}): "
+        + ("ok" if not outside else f"MISSED in {len(outside)}: {outside}")
+    )
+    return ratios
