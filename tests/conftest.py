@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -154,8 +155,33 @@ def mlflow_server(tmp_path):
         stop_mlflow_server(server)
 
 
+def pytest_configure(config):
+    """One XLA compilation cache for the whole session, its workers and every process they
+    start: most tests compile the same tiny step, and XLA's persistent cache turns the
+    compile of a tiny run (about 15 s on 2 cores) into a load from disk. Set once by the
+    first process (xdist's controller), inherited by the workers and their subprocesses."""
+    if "TFMEMLAB_TEST_XLA_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tfmemlab-xla-cache-")
+        os.environ["TFMEMLAB_TEST_XLA_CACHE"] = folder
+        flags = os.environ.get("TF_XLA_FLAGS", "")
+        os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}".strip()
+
+
 def pytest_collection_modifyitems(items):
     """Slow tests first (in their own order, then the rest): with `-n 2` the long ones are
     then shared out between the two processes early, instead of one of them running the last
-    long test alone while the other waits."""
+    long test alone while the other waits.
+
+    A test that uses a module-scoped fixture (a shared run or sweep that several tests only
+    read) is put in its module's xdist group, so that under `--dist loadgroup` the fixture is
+    built once, on one worker, not once on each."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        shared = defs and any(
+            d.scope in ("module", "session") and d.baseid.startswith("tests")
+            for fixture_defs in defs.name2fixturedefs.values()
+            for d in fixture_defs
+        )
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
