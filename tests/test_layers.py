@@ -13,8 +13,10 @@ from PIL import Image
 
 from models.transformer import TransformerBlock
 from runner.measure import flops, layers, profile, roofline
+from runner.report import layer_report
 from runner.train import run
 from tests.conftest import run_cli
+from tests.test_telemetry import seed_calibration
 
 CACHE = "outputs"  # the machine's calibrated peak and bandwidth, shared with the runs
 
@@ -131,7 +133,8 @@ def test_backward_keeps_conv_and_relu_outputs_not_batchnorms():
 
 
 def _profiled(tiny_cfg, model, *extra):
-    return run(tiny_cfg(model, "profile.layers=true", "profile.repeats=1", *extra))
+    job = ["profile.layers=true", "profile.steps=1", "profile.repeats=1"]
+    return run(tiny_cfg(model, *job, *extra))
 
 
 @pytest.mark.parametrize(
@@ -149,8 +152,18 @@ def _profiled(tiny_cfg, model, *extra):
 def test_profile_rows_add_up_to_the_estimate_and_are_logged(
     tiny_cfg, store, tmp_path, model, extra
 ):
+    from runner.train.data import build_data
+    from runner.train.job import build_model
+
     result = _profiled(tiny_cfg, model, *extra)
     table = result["layers/table"]
+    # Every layer (sublayers for blocks) and the loss, as for the other precisions in
+    # test_every_family_and_precision_profiles.
+    cfg = tiny_cfg(model, *extra)
+    built = build_model(cfg.model, build_data(cfg, image_model=model != "transformer").spec)
+    assert len(table) >= len(built.layers) - 1 and table[-1]["name"] == "loss"
+    assert all(r["activation_bytes"] >= 0 for r in table)
+    assert sum(r["forward_flops"] for r in table) > 0
     # The rows' kept bytes are counted layer by layer from the real tensors' shapes; the
     # estimate counts them from the model's formula (transformer) or its graph (CNNs).
     ratio = result["layers/activation_bytes"] / result["mem/estimate/activations_bytes"]
@@ -173,7 +186,7 @@ def test_profile_rows_add_up_to_the_estimate_and_are_logged(
     with open(f"{local}/layers.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["name"] for r in rows] == [r["name"] for r in table]
-    assert list(rows[0]) == profile.COLUMNS
+    assert list(rows[0]) == layer_report.COLUMNS
     for png in ("roofline.png", "layers.png"):
         assert Image.open(f"{local}/{png}").size[0] >= 600
 
@@ -187,7 +200,8 @@ def test_profile_leaves_the_runs_own_figures_alone(store, tmp_path):
     # at which the job's own tensors dwarf the input pipeline's batches, allocated beside
     # them from other threads (at h=16, s=8 they moved a 0.2 MiB peak by 3%).
     job = ["trainer.max_steps=4", "model.h=64", "model.layers=2", "data.seq_len=64"]
-    job += ["trainer.progress=false", "profile.steps=2", "profile.repeats=1"]
+    job += ["trainer.progress=false", "profile.steps=1", "profile.repeats=1"]
+    seed_calibration(tmp_path)
     metrics = {}
     for profiled in ("false", "true"):
         result = run_cli(
@@ -208,9 +222,19 @@ def test_profile_leaves_the_runs_own_figures_alone(store, tmp_path):
     assert "layers/step_time_noxla_s" in profiled and "layers/step_time_noxla_s" not in plain
 
 
+# Every family under every policy, but the transformer and MobileNet under float32: their
+# whole runs are profiled under float32 in test_profile_rows_add_up_to_the_estimate_and_are_logged,
+# which asserts the same of the rows.
+PROFILED = [
+    (model, policy)
+    for model in ("transformer", "mobilenet", "efficientnet")
+    for policy in ("float32", "mixed_float16", "mixed_bfloat16")
+    if (model, policy) not in {("transformer", "float32"), ("mobilenet", "float32")}
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["transformer", "mobilenet", "efficientnet"])
-@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize(("model", "policy"), PROFILED)
 def test_every_family_and_precision_profiles(tiny_cfg, model, policy):
     from runner.train.data import build_data
     from runner.train.job import build_model

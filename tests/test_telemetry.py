@@ -1,11 +1,14 @@
 """Memory and speed figures: the contract keys, their sources, and that they move the right way."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
+from runner.measure import cpu_peak
 from runner.measure.telemetry import Memory, speed_figures
 from runner.report.timeline import timeline_figure
 from runner.train import run
@@ -39,6 +42,17 @@ ESTIMATE_PARTS = [
     "workspace",
 ]
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+CACHE = "outputs"  # where runs in this process keep the calibrated CPU peak and bandwidth
+
+
+def seed_calibration(folder: Path, policy: str = "float32") -> None:
+    """Give a `python run.py` started in `folder` this machine's calibrated CPU peak (for
+    `policy`) and bandwidth, calibrated here once if need be, so that it does not spend
+    seconds of matmuls and copies on them: no test that starts one looks at them."""
+    cpu_peak.peak(CACHE, policy)
+    cpu_peak.bandwidth(CACHE)
+    (folder / CACHE).mkdir(exist_ok=True)
+    shutil.copy(Path(CACHE) / cpu_peak.CACHE_FILE, folder / CACHE / cpu_peak.CACHE_FILE)
 
 
 def check_contract(client: MlflowClient, run_id: str, model: str) -> dict:
@@ -116,6 +130,7 @@ def test_peak_grows_with_batch_and_width(tiny_cfg):
 def test_transformer_measured_over_estimate_in_band(precision, store, tmp_path):
     # The default transformer (at tiny sizes fixed runtime buffers dominate the peak), run as a
     # user runs it: a fresh process, so no earlier test's allocations are in its figures.
+    seed_calibration(tmp_path, {"fp32": "float32", "bf16": "mixed_bfloat16"}[precision])
     result = run_cli(
         [f"precision={precision}", "trainer.max_steps=3", "trainer.progress=false"],
         cwd=tmp_path,
