@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
+from runner.config import compose_config
 from tests.conftest import REPO, run_cli, run_launch, tiny_overrides
 
 STEPS = 5
@@ -33,20 +34,32 @@ def _weights(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _train(tmp_path: Path, store: str, name: str, *extra: str, steps: int = STEPS) -> Path:
+    """A job through run.py: a fresh process, where the CPU is split into logical devices."""
     run_dir = tmp_path / name
-    args = [
+    result = run_cli([*_args(store, name, steps, *extra), f"hydra.run.dir={run_dir}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def _train_here(store: str, name: str, *extra: str, steps: int = STEPS) -> Path:
+    """The same job on one device, in this process (the caller's working directory holds its
+    run directory, ./outputs/runs/<run id>): the reference the distributed runs must equal."""
+    from runner.train import run
+
+    result = run(compose_config(_args(store, name, steps, *extra)))
+    return Path("outputs") / "runs" / result["run_id"]
+
+
+def _args(store: str, name: str, steps: int, *extra: str) -> list[str]:
+    return [
         *tiny_overrides("transformer", store),
         *SGD,
         f"trainer.max_steps={steps}",
         f"trainer.checkpoint_every={steps}",
         "data.train_samples=64",
         f"mlflow.run_name={name}",
-        f"hydra.run.dir={run_dir}",
         *extra,
     ]
-    result = run_cli(args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
 
 
 def _run(store: str, name: str):
@@ -78,10 +91,11 @@ TECHNIQUES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("techniques", TECHNIQUES.values(), ids=TECHNIQUES.keys())
 def test_mirrored_on_two_logical_cpus_matches_one_device_at_the_same_global_batch(
-    techniques, tmp_path, store
+    techniques, tmp_path, store, monkeypatch
 ):
     accum = int(next((t.split("=")[1] for t in techniques if t.startswith("accum=")), 1))
-    one = _train(tmp_path, store, "one", "data.batch_size=8", *techniques)
+    monkeypatch.chdir(tmp_path)
+    one = _train_here(store, "one", "data.batch_size=8", *techniques)
     two = _train(
         tmp_path,
         store,
@@ -135,14 +149,17 @@ def _checkpointed_steps(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(tmp_path, store):
+def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(
+    tmp_path, store, monkeypatch
+):
     """Two workers through runner.launch; SIGTERM reaches worker 1 alone mid-run. Both stop
     after the same step with their checkpoints (PreemptionCheckpointHandler), the chief's run
     KILLED; `runner.launch --resume` goes on to the end. The weights then equal one device's
     at the same global batch, in one MLflow run holding both workers' figures."""
     steps, every = 200, 20
     # accum=2: each worker's micro-batch gradients add up in its own sums before the update.
-    one = _train(tmp_path, store, "one", "data.batch_size=8", "accum=2", steps=steps)
+    monkeypatch.chdir(tmp_path)
+    one = _train_here(store, "one", "data.batch_size=8", "accum=2", steps=steps)
     folder = tmp_path / "launch"
     workers = [
         *tiny_overrides("transformer", store),

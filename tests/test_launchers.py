@@ -10,18 +10,19 @@ import pytest
 from tests.conftest import free_port, run_cli
 from tests.test_sweep import TINY_ARGS, _sweep
 
-JOBS = ["precision=fp32,bf16,mixed"]
+# Two jobs: enough to show each in a process of its own, in order, under one parent run.
+JOBS = ["precision=fp32,bf16"]
 
 
-def _three_finished_children(store: str) -> None:
+def _two_finished_children(store: str) -> None:
     _, parent, children = _sweep(store)
     assert parent.info.status == "FINISHED"
-    assert [c.info.status for c in children] == ["FINISHED"] * 3
-    assert [c.data.tags["job_num"] for c in children] == ["0", "1", "2"]
+    assert [c.info.status for c in children] == ["FINISHED"] * 2
+    assert [c.data.tags["job_num"] for c in children] == ["0", "1"]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    assert [c.data.params["precision.name"] for c in children] == ["fp32", "bf16", "mixed"]
+    assert [c.data.params["precision.name"] for c in children] == ["fp32", "bf16"]
     # Each job trained in a process of its own (sweep.isolate), its memory figures its own.
-    assert len({c.data.tags["pid"] for c in children}) == 3
+    assert len({c.data.tags["pid"] for c in children}) == 2
     assert all(c.data.metrics["mem/peak_bytes"] > 0 for c in children)
 
 
@@ -33,7 +34,7 @@ def test_a_sweep_through_submitit_local(tmp_path, store):
         env={"MLFLOW_TRACKING_URI": store},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    _three_finished_children(store)
+    _two_finished_children(store)
 
 
 def _ray(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -76,4 +77,4 @@ def test_a_sweep_through_ray_on_a_ray_instance_started_apart(tmp_path, store):
     finally:
         _ray("stop", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    _three_finished_children(store)
+    _two_finished_children(store)
