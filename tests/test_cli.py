@@ -1,6 +1,5 @@
 """`python run.py ...` exactly as a user types it, in a subprocess, against a temp store."""
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import TINY, TINY_DATA, run_cli
@@ -28,19 +27,8 @@ def test_mixed_precision_with_accumulation_as_typed(tmp_path, store):
     assert mlrun.data.params["effective_batch_size"] == "16"
 
 
-@pytest.mark.slow
-def test_sweep_runs_one_mlflow_run_per_job(tmp_path, store):
-    result = run_cli(
-        ["-m", "precision=fp32,bf16", "accum=1,2", *TINY_ARGS],
-        cwd=tmp_path,
-        env={"MLFLOW_TRACKING_URI": store},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = [r for r in _runs(store) if r.data.tags.get("sweep") != "parent"]
-    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
-    combos = {(r.data.params["precision.name"], r.data.params["accum"]) for r in runs}
-    assert combos == {("fp32", "1"), ("fp32", "2"), ("bf16", "1"), ("bf16", "2")}
-    assert (tmp_path / "outputs" / "multirun").is_dir()  # Hydra's sweep dir under outputs/
+# A sweep as typed (one run per job, its values, outputs/multirun): tests/test_sweep.py,
+# test_sweep_against_an_mlflow_server.
 
 
 def test_cfg_job_prints_the_composed_config(tmp_path):

@@ -19,7 +19,7 @@ from runner.sweep.state import SWEEP_FILE, write_sweep_file
 from runner.track.client import experiment_id
 from runner.track.compare import sweep_runs
 from runner.train.rundir import write_run_file
-from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
+from tests.conftest import MEMORY_BOUND, REPO, TINY, run_cli, tiny_overrides
 
 # ---- what a relaunched sweep does with each job: real runs, real checkpoints ----------------
 
@@ -214,13 +214,15 @@ def _by_job(client: MlflowClient, parent: str) -> dict[str, list]:
 def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     sweep_dir = tmp_path / "sweep"
-    steps = 300
+    # 100 steps, a checkpoint every 5: after job 3's first checkpoint it has 95 steps to go
+    # (seconds), ample for the kill to reach it mid-run.
+    steps = 100
     args = [
         "-m",
         "data.batch_size=4,128,8,12",  # job 2 (128: ~74 MiB) runs out of memory under 64
         *MEMORY_BOUND,
         f"trainer.max_steps={steps}",
-        "trainer.checkpoint_every=10",
+        "trainer.checkpoint_every=5",
         f"mlflow.tracking_uri={store}",
         f"hydra.sweep.dir={sweep_dir}",
     ]
@@ -259,7 +261,7 @@ def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_pat
     # Job 3 went on in its own run, from its checkpoint: every step once.
     assert [r.info.run_id for r in after["2"]] == [killed.info.run_id]
     job3 = after["2"][0]
-    assert int(job3.data.tags["resumed_from_step"]) >= 10
+    assert int(job3.data.tags["resumed_from_step"]) >= 5
     losses = client.get_metric_history(job3.info.run_id, "train/loss")
     assert sorted(m.step for m in losses) == list(range(1, steps + 1))
     # Job 2 ran again in a new run; its failed attempt is kept, marked, and moved aside.
@@ -283,12 +285,17 @@ def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_pat
 def test_ctrl_c_stops_the_sweep_after_a_checkpoint_and_the_sweep_resumes(tmp_path, isolate):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     sweep_dir = tmp_path / "sweep"
+    # The tiny model: its steps take milliseconds, and 290 of them after the first checkpoint
+    # still leave the Ctrl-C seconds to arrive mid-job.
     args = [
         "-m",
         "accum=1,2",
-        *MEMORY_BOUND,
+        *TINY["transformer"],
         "data.batch_size=4",
-        "trainer.max_steps=400",
+        "data.train_samples=32",
+        "data.val_samples=8",
+        "trainer.progress=false",
+        "trainer.max_steps=300",
         "trainer.checkpoint_every=10",
         f"sweep.isolate={isolate}",
         f"mlflow.tracking_uri={store}",
@@ -318,10 +325,10 @@ def test_ctrl_c_stops_the_sweep_after_a_checkpoint_and_the_sweep_resumes(tmp_pat
     runs = sweep_runs(client, parent)
     assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
     steps = [m.step for m in client.get_metric_history(stopped.info.run_id, "train/loss")]
-    assert sorted(steps) == list(range(1, 401))
+    assert sorted(steps) == list(range(1, 301))
     assert client.get_run(parent).info.status == "FINISHED"
     assert "stopped" not in client.get_run(parent).data.tags
     # The comparison says that the resumed job's figures cover its resumed steps only.
     start = int(client.get_run(stopped.info.run_id).data.tags["resumed_from_step"]) + 1
-    note = f"baseline: resumed from a checkpoint; its figures cover optimizer steps {start}-400"
+    note = f"baseline: resumed from a checkpoint; its figures cover optimizer steps {start}-300"
     assert note in resumed.stdout and note in (sweep_dir / "comparison.md").read_text()
