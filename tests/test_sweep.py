@@ -5,7 +5,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.track import compare
-from tests.conftest import TINY, TINY_DATA, run_cli
+from tests.conftest import (
+    TINY,
+    TINY_DATA,
+    free_port,
+    run_cli,
+    start_mlflow_server,
+    stop_mlflow_server,
+)
 
 TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3"]
 REPORT = {
@@ -15,6 +22,19 @@ REPORT = {
     "report/bar_peak_MiB.png",
     "report/memory_breakdown.png",
 }
+# The shared sweep's six jobs, in Hydra's order (the first key outermost): jobs 0 and 4 are
+# the same job, job 2 is larger (its peak about 4x job 0's at these sizes), and every second
+# job's huge learning rate makes its loss non-finite.
+JOBS = [("8", "0.01"), ("8", "1e+30"), ("64", "0.01"), ("64", "1e+30"), ("8", "0.01")]
+JOBS += [("8", "1e+30")]
+NAMES = [
+    "baseline",
+    "trainer.lr=1e+30",
+    "data.batch_size=64",
+    "data.batch_size=64 trainer.lr=1e+30",
+    "baseline (job 4)",  # a job repeated on purpose keeps a name of its own
+    "trainer.lr=1e+30 (job 5)",
+]
 
 
 def _sweep(store: str):
@@ -27,54 +47,107 @@ def _sweep(store: str):
     return client, parent, children
 
 
+@pytest.fixture(scope="module")
+def server_sweep(tmp_path_factory):
+    """One sweep of six jobs, each in a fresh process (sweep.isolate, the default), as a user
+    types it from another directory, against a real `mlflow server`; the tests only read it.
+    Yields (the server's URI, the finished `python run.py -m` process, its cwd)."""
+    folder = tmp_path_factory.mktemp("server_sweep")
+    port = free_port()
+    server = start_mlflow_server(folder, port)
+    uri = f"http://127.0.0.1:{port}"
+    cwd = folder / "cwd"
+    cwd.mkdir()
+    try:
+        result = run_cli(
+            [
+                "-m",
+                "data.batch_size=8,64,8",
+                "trainer.lr=0.01,1e30",
+                *TINY["transformer"],
+                "data.train_samples=128",
+                "data.val_samples=8",
+                "trainer.max_steps=3",
+                "trainer.progress=false",
+                "trainer.optimizer=sgd",
+            ],
+            cwd=cwd,
+            env={"MLFLOW_TRACKING_URI": uri},
+            timeout=1200,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        yield uri, result, cwd
+    finally:
+        stop_mlflow_server(server)
+
+
+# The tests that read the shared sweep, in one xdist group, so that under --dist loadgroup it is
+# built once. (Named here: conftest's pytest_collection_modifyitems adds the same group after
+# xdist's own hook has already read the markers, so its group does not take effect.)
+shared = pytest.mark.xdist_group("test_sweep")
+
+
+@shared
 @pytest.mark.slow
-def test_sweep_against_an_mlflow_server(tmp_path, mlflow_server):
-    result = run_cli(
-        ["-m", "precision=fp32,bf16", *TINY_ARGS],
-        cwd=tmp_path,
-        env={"MLFLOW_TRACKING_URI": mlflow_server},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    client, parent, children = _sweep(mlflow_server)
+def test_sweep_against_an_mlflow_server(server_sweep):
+    uri, result, cwd = server_sweep
+    client, parent, children = _sweep(uri)
     assert parent.info.status == "FINISHED"
-    assert [c.data.tags["job_num"] for c in children] == ["0", "1"]
+    assert [c.data.tags["job_num"] for c in children] == ["0", "1", "2", "3", "4", "5"]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    assert [c.info.run_name for c in children] == ["baseline", "bf16"]  # what differs
-    assert children[1].data.tags["overrides"].startswith("precision=bf16")
-    assert [c.data.params["precision.policy"] for c in children] == ["float32", "mixed_bfloat16"]
-    assert all(c.data.metrics["mem/peak_bytes"] > 0 for c in children)
+    # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
+    assert [c.info.run_name for c in children] == NAMES
+    assert children[2].data.tags["overrides"].startswith("data.batch_size=64 trainer.lr=0.01")
+    # One run per job, each with its own job's values.
+    jobs = [(c.data.params["data.batch_size"], c.data.params["trainer.lr"]) for c in children]
+    assert jobs == JOBS
+    finished = [c for c in children if c.info.status == "FINISHED"]
+    assert len(finished) == 3 and all(c.data.metrics["mem/peak_bytes"] > 0 for c in finished)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert REPORT <= artifacts
     assert "peak_MiB/base" in result.stdout  # the table printed at the end of the sweep
+    note = parent.data.tags["mlflow.note.content"]
+    url = f"{uri}/#/experiments/{parent.info.experiment_id}/runs?workflowType=machine_learning"
+    assert "peak_MiB/base" in note and url in note
+    assert (cwd / "outputs" / "multirun").is_dir()  # Hydra's sweep dir under outputs/
 
 
+@shared
 @pytest.mark.slow
-def test_joblib_workers_share_one_sqlite_store(tmp_path, store):
-    result = run_cli(
-        [
-            "-m",
-            "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2",
-            "precision=fp32,bf16",
-            *TINY_ARGS,
-        ],
-        cwd=tmp_path,
-        env={"MLFLOW_TRACKING_URI": store},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    _, parent, children = _sweep(store)
-    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
+def test_a_failed_isolated_job_is_recorded_and_the_sweep_goes_on(server_sweep):
+    uri, result, _ = server_sweep
+    _, parent, children = _sweep(uri)
+    assert all(f"job {num} failed" in result.stderr for num in (1, 3, 5))
+    assert [c.info.status for c in children] == ["FINISHED", "FAILED"] * 3
+    for failed in children[1::2]:
+        assert failed.data.tags["failure"] == "nan" and failed.data.tags["error"]
+    assert parent.data.tags["failed_jobs"] == "3"
+    # The terminal comparison reads the same runs, through the server.
+    rows = compare.main(["--sweep", parent.info.run_id, "--tracking-uri", uri])
+    assert [r["status"] for r in rows] == ["FINISHED", "FAILED"] * 3
 
 
-# Both ways a sweep runs its jobs: each in a fresh process (default) and in-process.
-@pytest.mark.parametrize("isolate", ["true", "false"])
-def test_failed_job_is_recorded_and_the_sweep_goes_on(isolate, tmp_path, store, capsys):
+@shared
+@pytest.mark.slow
+def test_a_jobs_peak_does_not_depend_on_the_jobs_before_it(server_sweep):
+    # Jobs 0 and 4 are the same job; job 2, before job 4, is larger. Each job runs in a fresh
+    # process (sweep.isolate, the default); in-process, a small job's peak was measured 45%
+    # higher after a larger one. Identical runs varied by ~5% here.
+    _, _, children = _sweep(server_sweep[0])
+    first, larger, again = (children[i].data.metrics["mem/peak_bytes"] for i in (0, 2, 4))
+    assert larger > 2 * first  # the job in between really was larger
+    assert again == pytest.approx(first, rel=0.10)
+
+
+# The isolated path (each job in a fresh process) is test_a_failed_isolated_job_...; this is
+# the other way a sweep runs its jobs: in the sweep's own process.
+def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
     result = run_cli(
         [
             "-m",
             "trainer.optimizer=sgd",
             "trainer.lr=0.01,1e30",
-            f"sweep.isolate={isolate}",
+            "sweep.isolate=false",
             *TINY_ARGS,
         ],
         cwd=tmp_path,
@@ -104,49 +177,34 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(isolate, tmp_path, store, 
     assert rows[0]["peak_MiB/base"] == 1.0 and "FAILED" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_a_jobs_peak_does_not_depend_on_the_jobs_before_it(tmp_path, store):
-    # Jobs 0 and 2 are the same job; job 1 is larger. Each job runs in a fresh process
-    # (sweep.isolate, the default). Identical runs varied by ~5% here.
-    args = [
-        "model.h=64",
-        "model.layers=1",
-        "model.heads=2",
-        "data.seq_len=64",
-        "data.vocab_size=64",
-        "data.train_samples=256",
-        "data.val_samples=8",
-        "trainer.max_steps=3",
-        "data.batch_size=8,64,8",
-    ]
-    result = run_cli(["-m", *args], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store})
-    assert result.returncode == 0, result.stderr[-3000:]
-    _, _, (first, larger, again) = _sweep(store)
-    peak = [r.data.metrics["mem/peak_bytes"] for r in (first, larger, again)]
-    assert peak[1] > 2 * peak[0]  # the job in between really was larger
-    assert peak[2] == pytest.approx(peak[0], rel=0.10)
+MEMORY_STUDY_TINY = [
+    "model.h=16",
+    "model.layers=2",
+    "model.heads=2",
+    "data.seq_len=8",
+    "data.vocab_size=16",
+    "data.train_samples=64",
+    "data.val_samples=8",
+    "trainer.max_steps=2",
+]
 
 
-@pytest.mark.slow
-def test_memory_study_preset_runs_its_six_variants(tmp_path, store):
-    # The preset sets hydra.mode=MULTIRUN: each isolated job must run once, not sweep again.
-    tiny = [
-        "model.h=16",
-        "model.layers=2",
-        "model.heads=2",
-        "data.seq_len=8",
-        "data.vocab_size=16",
-        "data.train_samples=64",
-        "data.val_samples=8",
-        "trainer.max_steps=2",
-        f"mlflow.tracking_uri={store}",
-    ]
-    result = run_cli(["+experiment=memory_study", *tiny], cwd=tmp_path, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+def _memory_study(store: str) -> tuple[list, list]:
     client = MlflowClient(tracking_uri=store)
     runs = client.search_runs([client.get_experiment_by_name("memory_study").experiment_id])
     parents = [r for r in runs if r.data.tags.get("sweep") == "parent"]
     children = [r for r in runs if r.data.tags.get("sweep") != "parent"]
+    return parents, children
+
+
+@pytest.mark.slow
+def test_memory_study_preset_runs_its_six_variants(tmp_path, store):
+    # The preset's six jobs, run in the sweep's own process (one TensorFlow start, not six):
+    # what is checked here is what each variant composes to, not the jobs' isolation.
+    args = ["+experiment=memory_study", "sweep.isolate=false", *MEMORY_STUDY_TINY]
+    result = run_cli([*args, f"mlflow.tracking_uri={store}"], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    parents, children = _memory_study(store)
     assert len(parents) == 1 and len(children) == 6
     assert all(r.info.status == "FINISHED" for r in children)
     policies = sorted(r.data.params["precision.policy"] for r in children)
@@ -164,4 +222,23 @@ def test_memory_study_preset_runs_its_six_variants(tmp_path, store):
     }
     assert {p["effective_batch_size"] for p in by_name.values()} == {"16"}
     assert (by_name["accum=4"]["data.batch_size"], by_name["accum=4"]["accum"]) == ("4", "4")
+    assert "peak_MiB/base" in result.stdout and "not like for like" not in result.stdout
+
+
+@pytest.mark.slow
+def test_joblib_workers_share_one_sqlite_store(tmp_path, store):
+    # Two jobs side by side in joblib's workers, each in a fresh process of its own (the
+    # default sweep.isolate), logging to one new SQLite store. They are memory_study's jobs:
+    # the preset sets hydra.mode=MULTIRUN, and each isolated job must run once, not sweep again.
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "+experiment=memory_study"]
+    args += ["variant=baseline,bf16", *MEMORY_STUDY_TINY]
+    result = run_cli(args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store}, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    parents, children = _memory_study(store)
+    assert len(parents) == 1 and len(children) == 2
+    assert all(c.info.status == "FINISHED" for c in children)
+    children.sort(key=lambda c: int(c.data.tags["job_num"]))
+    # Each job's own variant reached it, in its own process; each named by what differs.
+    assert [c.info.run_name for c in children] == ["baseline", "bf16"]
+    assert [c.data.params["precision.policy"] for c in children] == ["float32", "mixed_bfloat16"]
     assert "peak_MiB/base" in result.stdout and "not like for like" not in result.stdout
