@@ -24,8 +24,10 @@ SCALAR_BYTES = 64
 PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "activations", "workspace")
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def fresh_session():
+    """Keras's global state cleared, for the tests that build models (clear_session collects
+    garbage: seconds on a busy worker, spent only where a model is built)."""
     keras.backend.clear_session()
     yield
 
@@ -50,6 +52,7 @@ def activations(*extra):
 
 
 @pytest.mark.parametrize("extra", [[], ["precision=mixed", "accum=4"], ["precision=bf16"]])
+@pytest.mark.usefixtures("fresh_session")
 def test_parts_sum_to_total(extra):
     parts = estimate.estimate_memory(*built("transformer", *extra))
     assert set(parts) == set(PARTS) | {"total"}
@@ -60,6 +63,7 @@ def test_parts_sum_to_total(extra):
 @pytest.mark.parametrize(
     "optimizer, slots", [("adam", 2), ("adamw", 2), ("sgd", 1)], ids=["adam", "adamw", "sgd"]
 )
+@pytest.mark.usefixtures("fresh_session")
 def test_optimizer_slots(optimizer, slots):
     model, opt, cfg, spec = built("transformer", f"trainer.optimizer={optimizer}")
     parts = estimate.estimate_memory(model, opt, cfg, spec)
@@ -68,6 +72,7 @@ def test_optimizer_slots(optimizer, slots):
     assert parts["params"] == parts["gradients"] == trainable_bytes(model)
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_loss_scale_optimizer_counts_inner_slots():
     model, opt, cfg, spec = built("transformer", "precision=mixed")
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
@@ -77,12 +82,14 @@ def test_loss_scale_optimizer_counts_inner_slots():
 
 
 @pytest.mark.parametrize("accum, copies", [(1, 0), (4, 1)])
+@pytest.mark.usefixtures("fresh_session")
 def test_accumulation_buffer(accum, copies):
     model, opt, cfg, spec = built("transformer", f"accum={accum}")
     parts = estimate.estimate_memory(model, opt, cfg, spec)
     assert parts["accumulation"] == copies * trainable_bytes(model)
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_masks_only_when_pruning():
     model, opt, cfg, spec = built("transformer")
     assert estimate.estimate_memory(model, opt, cfg, spec)["masks"] == 0
@@ -113,10 +120,12 @@ BF16_NO_DROPOUT = 17408 + 2048 + 2048
     ],
     ids=["fp32", "fp32_dropout", "bf16", "fp16"],
 )
+@pytest.mark.usefixtures("fresh_session")
 def test_transformer_activations_match_formula(extra, expected):
     assert activations(*extra) == expected
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_transformer_activations_halve_16_bit_part():
     head = 4 * 8 * 16 * 4
     assert activations("precision=bf16") - head == (activations() - head) / 2
@@ -130,6 +139,7 @@ def test_16_bit_layer_with_dropout_is_korthikantis_34_plus_5as_over_h(s, b, h, a
     assert estimate.transformer_layer_bytes(s, b, h, a, 2, 0.1) == expected
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_selective_drops_the_attention_core_but_one():
     # 3 layers, s=8, b=4, h=16, a=2: the core is as^2b*4 = 2048 bytes at fp32, no dropout.
     full = activations("model.layers=3")
@@ -137,11 +147,13 @@ def test_selective_drops_the_attention_core_but_one():
     assert full - selective == 2 * 2 * 8 * 8 * 4 * 4
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_transformer_activations_linear_in_batch():
     small, large = activations("data.batch_size=4"), activations("data.batch_size=8")
     assert large == 2 * small
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_checkpointing_blocks_shrinks_activations():
     layers = ["model.layers=4"]
     full = activations(*layers)
@@ -153,11 +165,13 @@ def test_checkpointing_blocks_shrinks_activations():
     assert blocks == 4 * sbhp + (full - head_and_edges) / 4 + head_and_edges
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_unknown_checkpointing_policy_fails():
     with pytest.raises(ValueError, match="checkpointing.policy=bogus"):
         activations("checkpointing.policy=bogus")
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_cnn_activations_proportional_to_batch():
     model, opt, cfg, spec = built("mobilenet")
     small = estimate.estimate_memory(model, opt, cfg, spec)["activations"]
@@ -166,6 +180,7 @@ def test_cnn_activations_proportional_to_batch():
     assert small > 0 and large == 2 * small
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_transformer_flops_palm_formula():
     model, _, cfg, spec = built("transformer", "accum=2")
     h, s, b = cfg.model.h, spec.seq_len, cfg.data.batch_size
@@ -189,6 +204,7 @@ def tiny_cnn():
 HAND_MACS = 3888 + 720
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_cnn_flops_from_profiler():
     spec = DataSpec("image", (8, 8, 3), 5)
     cfg = compose_config(tiny_overrides("mobilenet") + ["accum=2"])
@@ -240,6 +256,7 @@ def test_mfu(args, expected):
     assert (math.isnan(value) and math.isnan(expected)) or value == expected
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_workspace_without_xla_is_the_largest_float32_temporary():
     model, opt, cfg, spec = built("transformer", "model.layers=3")
     # s=8, b=4, h=16, a=2: the MLP's 16sbh = 8192 bytes beat the scores' 5as^2b = 2560.
@@ -278,6 +295,7 @@ def xla(*extra, spec=TOKENS):
 XLA_LAYER, XLA_EDGES = 43008, 4096
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_under_xla_a_cpu_keeps_what_its_memory_plan_holds():
     none = xla("model.layers=2")
     assert none["activations"] == 2 * XLA_LAYER + XLA_EDGES
@@ -299,6 +317,7 @@ def test_under_xla_a_cpu_keeps_what_its_memory_plan_holds():
     assert fp16 == 6 / 4 * none["activations"]
 
 
+@pytest.mark.usefixtures("fresh_session")
 def test_under_xla_only_float32_updates_free_gradients_as_they_come():
     # One layer: its MLP's two kernels (16 x 64 floats each) are the largest variables, and
     # the third is smaller, so one kernel or three variables would give another sum.
@@ -325,6 +344,7 @@ def two_block_cnn():
 
 
 @pytest.mark.parametrize("name, expected", [("fp32", 1024 * 4), ("bf16", 512 * 2 + 1024 * 4)])
+@pytest.mark.usefixtures("fresh_session")
 def test_a_rebuilt_cnn_segment_peaks_with_an_output_and_an_input_gradient(name, expected):
     # Inside a rebuilt block, the largest pair is the BatchNorm's or the ReLU's: 512-element
     # output gradient beside a 512-element input gradient (the convolutions' pairs are 512
