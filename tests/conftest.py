@@ -167,6 +167,7 @@ def pytest_configure(config):
         os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}".strip()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into the test id
 def pytest_collection_modifyitems(items):
     """Slow tests first (in their own order, then the rest): with `-n 2` the long ones are
     then shared out between the two processes early, instead of one of them running the last
