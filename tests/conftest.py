@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,9 +57,21 @@ def tiny_overrides(model: str = "transformer", store: str | None = None) -> list
     return TINY[model] + TINY_DATA + TINY_TRAINER + extra
 
 
+@pytest.fixture(scope="session")
+def _empty_store(tmp_path_factory) -> Path:
+    """A new SQLite MLflow store, created and migrated by MLflow once per test process
+    (creating one costs ~2 s of schema migrations): each `store` starts as a copy of it."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
 @pytest.fixture
-def store(tmp_path) -> str:
-    """A fresh SQLite MLflow store in a temp dir."""
+def store(tmp_path, _empty_store) -> str:
+    """A fresh SQLite MLflow store in a temp dir (a copy of a new store MLflow made)."""
+    shutil.copy(_empty_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path}/mlflow.db"
 
 
@@ -179,7 +192,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         shared = defs and any(
-            d.scope in ("module", "session") and d.baseid.startswith("tests")
+            d.scope == "module" and d.baseid.startswith("tests")
             for fixture_defs in defs.name2fixturedefs.values()
             for d in fixture_defs
         )
