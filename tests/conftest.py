@@ -168,6 +168,9 @@ def mlflow_server(tmp_path):
         stop_mlflow_server(server)
 
 
+_XLA_CACHE = pytest.StashKey[str]()
+
+
 def pytest_configure(config):
     """One XLA compilation cache for the whole session, its workers and every process they
     start: most tests compile the same tiny step, and XLA's persistent cache turns the
@@ -178,6 +181,12 @@ def pytest_configure(config):
         os.environ["TFMEMLAB_TEST_XLA_CACHE"] = folder
         flags = os.environ.get("TF_XLA_FLAGS", "")
         os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}".strip()
+        config.stash[_XLA_CACHE] = folder  # this process made it: it removes it at the end
+
+
+def pytest_unconfigure(config):
+    if _XLA_CACHE in config.stash:
+        shutil.rmtree(config.stash[_XLA_CACHE], ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into the test id

@@ -42,12 +42,12 @@ def _train(tmp_path: Path, store: str, name: str, *extra: str, steps: int = STEP
 
 
 def _train_here(store: str, name: str, *extra: str, steps: int = STEPS) -> Path:
-    """The same job on one device, in this process (the caller's working directory holds its
-    run directory, ./outputs/runs/<run id>): the reference the distributed runs must equal."""
+    """The same job on one device, in this process (its run directory goes under the caller's
+    working directory): the reference the distributed runs must equal."""
     from runner.train import run
 
     result = run(compose_config(_args(store, name, steps, *extra)))
-    return Path("outputs") / "runs" / result["run_id"]
+    return Path(MlflowClient(tracking_uri=store).get_run(result["run_id"]).data.tags["run_dir"])
 
 
 def _args(store: str, name: str, steps: int, *extra: str) -> list[str]:

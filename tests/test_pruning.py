@@ -28,15 +28,6 @@ IMAGES = DataSpec("image", (32, 32, 3), 10)
 H32 = ["model.h=32", "model.heads=2"]  # kernels of 512+ weights: 0.5% is 2-3 weights
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> str:
-    """One SQLite MLflow store for the module's runs (creating one runs MLflow's migrations,
-    seconds on 2 cores). Each pruned run finds its own dense baseline in it: the latest
-    finished dense run with the same params, pruning.* aside, and no two tests share a job.
-    Overrides conftest's store, so tiny_cfg logs here too."""
-    return f"sqlite:///{tmp_path_factory.mktemp('pruning')}/mlflow.db"
-
-
 def schedule(**keys):
     return OmegaConf.structured(PruningConfig(**keys))
 

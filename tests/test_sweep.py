@@ -25,8 +25,14 @@ REPORT = {
 # The shared sweep's six jobs, in Hydra's order (the first key outermost): jobs 0 and 4 are
 # the same job, job 2 is larger (its peak about 4x job 0's at these sizes), and every second
 # job's huge learning rate makes its loss non-finite.
-JOBS = [("8", "0.01"), ("8", "1e+30"), ("64", "0.01"), ("64", "1e+30"), ("8", "0.01")]
-JOBS += [("8", "1e+30")]
+JOBS = [
+    ("8", "0.01"),
+    ("8", "1e+30"),
+    ("64", "0.01"),
+    ("64", "1e+30"),
+    ("8", "0.01"),
+    ("8", "1e+30"),
+]
 NAMES = [
     "baseline",
     "trainer.lr=1e+30",
@@ -50,7 +56,8 @@ def _sweep(store: str):
 @pytest.fixture(scope="module")
 def server_sweep(tmp_path_factory):
     """One sweep of six jobs, each in a fresh process (sweep.isolate, the default), as a user
-    types it from another directory, against a real `mlflow server`; the tests only read it.
+    types it from another directory, against a real `mlflow server`; the tests only read it
+    (and run on one xdist worker with it: tests/conftest.py groups them).
     Yields (the server's URI, the finished `python run.py -m` process, its cwd)."""
     folder = tmp_path_factory.mktemp("server_sweep")
     port = free_port()
@@ -81,13 +88,6 @@ def server_sweep(tmp_path_factory):
         stop_mlflow_server(server)
 
 
-# The tests that read the shared sweep, in one xdist group, so that under --dist loadgroup it is
-# built once. (Named here: conftest's pytest_collection_modifyitems adds the same group after
-# xdist's own hook has already read the markers, so its group does not take effect.)
-shared = pytest.mark.xdist_group("test_sweep")
-
-
-@shared
 @pytest.mark.slow
 def test_sweep_against_an_mlflow_server(server_sweep):
     uri, result, cwd = server_sweep
@@ -112,7 +112,6 @@ def test_sweep_against_an_mlflow_server(server_sweep):
     assert (cwd / "outputs" / "multirun").is_dir()  # Hydra's sweep dir under outputs/
 
 
-@shared
 @pytest.mark.slow
 def test_a_failed_isolated_job_is_recorded_and_the_sweep_goes_on(server_sweep):
     uri, result, _ = server_sweep
@@ -127,7 +126,6 @@ def test_a_failed_isolated_job_is_recorded_and_the_sweep_goes_on(server_sweep):
     assert [r["status"] for r in rows] == ["FINISHED", "FAILED"] * 3
 
 
-@shared
 @pytest.mark.slow
 def test_a_jobs_peak_does_not_depend_on_the_jobs_before_it(server_sweep):
     # Jobs 0 and 4 are the same job; job 2, before job 4, is larger. Each job runs in a fresh

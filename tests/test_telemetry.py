@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.measure import cpu_peak
 from runner.measure.telemetry import Memory, speed_figures
+from runner.report.figures import CACHE_DIR
 from runner.report.timeline import timeline_figure
 from runner.train import run
 from tests.conftest import run_cli
@@ -42,17 +43,16 @@ ESTIMATE_PARTS = [
     "workspace",
 ]
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
-CACHE = "outputs"  # where runs in this process keep the calibrated CPU peak and bandwidth
 
 
 def seed_calibration(folder: Path, policy: str = "float32") -> None:
     """Give a `python run.py` started in `folder` this machine's calibrated CPU peak (for
     `policy`) and bandwidth, calibrated here once if need be, so that it does not spend
     seconds of matmuls and copies on them: no test that starts one looks at them."""
-    cpu_peak.peak(CACHE, policy)
-    cpu_peak.bandwidth(CACHE)
-    (folder / CACHE).mkdir(exist_ok=True)
-    shutil.copy(Path(CACHE) / cpu_peak.CACHE_FILE, folder / CACHE / cpu_peak.CACHE_FILE)
+    cpu_peak.peak(CACHE_DIR, policy)
+    cpu_peak.bandwidth(CACHE_DIR)
+    (folder / CACHE_DIR).mkdir(exist_ok=True)
+    shutil.copy(CACHE_DIR / cpu_peak.CACHE_FILE, folder / CACHE_DIR / cpu_peak.CACHE_FILE)
 
 
 def check_contract(client: MlflowClient, run_id: str, model: str) -> dict:

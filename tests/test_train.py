@@ -6,16 +6,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.train import run
-from tests.conftest import tiny_overrides
 from tests.test_telemetry import check_contract
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> str:
-    """One SQLite MLflow store for the module's runs, which each read back only their own run
-    (by its id): creating a store runs MLflow's migrations, seconds per test on 2 cores.
-    Overrides conftest's store, so tiny_cfg logs here too."""
-    return f"sqlite:///{tmp_path_factory.mktemp('train')}/mlflow.db"
 
 
 def _run_and_fetch(cfg, store):
@@ -92,14 +83,13 @@ def test_digits_trains_real_data(store):
     assert 0.0 <= result["val/accuracy"] <= 1.0
 
 
-def test_failing_run_is_marked_failed_with_its_error(tmp_path):
+def test_failing_run_is_marked_failed_with_its_error(tiny_cfg, store, tmp_path):
     broken = tmp_path / "broken.weights.h5"
     broken.write_bytes(b"not an hdf5 file")
-    own = f"sqlite:///{tmp_path}/mlflow.db"  # a store of its own: its one run is the failed one
-    cfg = compose_config(tiny_overrides("transformer", own) + [f"model.weights={broken}"])
+    cfg = tiny_cfg("transformer", f"model.weights={broken}")
     with pytest.raises(Exception):  # noqa: B017 - whatever Keras raises must propagate
         run(cfg)
-    client = MlflowClient(tracking_uri=own)
+    client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name("tfmemlab")
     (mlrun,) = client.search_runs([experiment.experiment_id])
     assert mlrun.info.status == "FAILED"
