@@ -16,7 +16,7 @@ from omegaconf import DictConfig, open_dict
 
 from runner.cli import check_command_line
 from runner.config import register_configs
-from runner.core.errors import Interrupted, PlanError, TrackingError
+from runner.core.errors import BusyError, Interrupted, PlanError, TrackingError
 from runner.core.start import import_tensorflow
 from runner.launch import LAUNCH_ENV
 from runner.sweep.job import die_with_sweep, plan_sweep_job, run_isolated
@@ -67,6 +67,9 @@ def _one_job(cfg: DictConfig) -> None:
         _train(cfg)
     except (TrackingError, PlanError) as err:  # the store or the budget: no run to lose
         raise SystemExit(f"error: {err}") from None
+    except BusyError as err:  # another process has the run directory: nothing was changed
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
     except tf.errors.ResourceExhaustedError as err:  # the run is FAILED (failure=oom)
         raise SystemExit(f"error: {err.message}") from None
     except Interrupted as err:  # checkpointed, the run marked KILLED: say how to go on
@@ -87,6 +90,8 @@ def _in_sweep(cfg: DictConfig) -> None:
         _train(cfg)
     except Interrupted as err:  # checkpointed, the run marked KILLED
         stop(cfg.mlflow.tracking_uri, err.signum)
+    except BusyError as err:  # its folder is another process's: the job was not run
+        print(f"tfmemlab: job {HydraConfig.get().job.num} not run: {err}", file=sys.stderr)
     except Exception as err:  # recorded FAILED (with its `failure` tag)
         print(
             f"tfmemlab: job {HydraConfig.get().job.num} failed ({failure_kind(err)}): "

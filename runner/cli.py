@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from runner.config import CONF_DIR, group_options, register_configs, validate
-from runner.core.errors import ConfigError, ResumeError, TrackingError
+from runner.core.errors import BusyError, ConfigError, ResumeError, TrackingError
 from runner.track.server import check_store
 from runner.train.rundir import locate
 
@@ -114,7 +114,7 @@ def check_command_line(argv: list[str]) -> None:
             if cfg.trainer.resume:
                 try:
                     uris.add(locate(cfg.trainer.resume, overrides).tracking_uri)
-                except ResumeError as err:
+                except (ResumeError, BusyError) as err:  # BusyError: another process has it
                     raise SystemExit(f"error: {err}") from None
     for uri in sorted(uris):  # a server that is down: one line now, not minutes of retries
         try:

@@ -40,3 +40,9 @@ class Interrupted(BaseException):
             f"stopped by {signal.Signals(signum).name} after optimizer step {step}; its "
             f"checkpoint is in {run_dir / checkpoints}"
         )
+
+
+class BusyError(RuntimeError):
+    """A run directory or sweep folder is held by another process (runner/core/lock.py)."""
+
+    exit_code = 75  # EX_TEMPFAIL: a sweep tells a job left to another process from a failure

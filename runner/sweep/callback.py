@@ -21,6 +21,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from runner.core.errors import BusyError
+from runner.core.lock import FolderLock
 from runner.report.sweep_plots import report_files
 from runner.sweep.state import PARENT_ENV, read_sweep_file, resume_command, write_sweep_file
 from runner.track import compare
@@ -28,10 +30,20 @@ from runner.track.client import client_for, experiment_id, ui_hint
 
 
 class SweepCallback(Callback):
+    lock: FolderLock | None = None
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         uri = config.mlflow.tracking_uri
-        client = client_for(uri)
         sweep_dir = Path(config.hydra.sweep.dir)
+        # The sweep folder is this process's until the sweep ends (runner/core/lock.py): a
+        # second sweep.resume, or a sweep started in the same second, changes nothing.
+        key = f"sweep.resume={sweep_dir}" if config.sweep.resume else f"hydra.sweep.dir={sweep_dir}"
+        self.lock = FolderLock(sweep_dir, key)
+        try:
+            self.lock.__enter__()
+        except BusyError as err:
+            raise SystemExit(f"error: {err}") from None
+        client = client_for(uri)
         if config.sweep.resume:  # the same parent run, reopened (runner/sweep/resume.py)
             parent_id = read_sweep_file(sweep_dir)["parent_run_id"]
             try:
@@ -68,6 +80,13 @@ class SweepCallback(Callback):
         )
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        try:
+            self._report(config)
+        finally:
+            if self.lock is not None:
+                self.lock.__exit__(None, None, None)
+
+    def _report(self, config: DictConfig) -> None:
         parent_id = os.environ.pop(PARENT_ENV, None)
         if parent_id is None:
             return

@@ -15,6 +15,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from runner.core.errors import BusyError
 from runner.sweep.callback import stop
 from runner.sweep.resume import JobPlan, plan_job
 from runner.sweep.state import JOB_ENV, KEY, PARENT_ENV, SWEEP_PID_ENV, sweep_of_job
@@ -66,7 +67,9 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
             signal.signal(sig, handler)
     if received:
         stop(cfg.mlflow.tracking_uri, received[0])
-    if returncode != 0:  # the sweep goes on; the job's MLflow run holds the error
+    if returncode == BusyError.exit_code:  # its folder is another process's (said above)
+        print(f"tfmemlab: job {hydra_cfg.job.num} not run", file=sys.stderr)
+    elif returncode != 0:  # the sweep goes on; the job's MLflow run holds the error
         print(
             f"tfmemlab: job {hydra_cfg.job.num} failed (exit {returncode}); its "
             "MLflow run has the error and a failure tag",

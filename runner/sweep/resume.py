@@ -28,7 +28,8 @@ from pathlib import Path
 
 from hydra._internal.utils import get_args_parser
 
-from runner.core.errors import ResumeError
+from runner.core.errors import BusyError, ResumeError
+from runner.core.lock import LOCK_FILE, check_free, holder
 from runner.core.process import pid_alive
 from runner.sweep.state import KEY, SWEEP_FILE, read_sweep_file
 from runner.track.client import client_for
@@ -61,6 +62,10 @@ def resume_argv(argv: list[str]) -> list[str]:
     task = [o for o in args.overrides if not o.lstrip("+~").startswith(("hydra", f"{KEY}="))]
     hydra = [o for o in args.overrides if o.lstrip("+~").startswith("hydra")]
     sweep_dir = _latest_sweep(task) if values[-1] == "latest" else Path(values[-1])
+    try:  # a sweep still running, or resumed already: nothing is planned nor moved
+        check_free(sweep_dir, f"{KEY}={values[-1]}")
+    except BusyError as err:
+        raise SystemExit(f"error: {err}") from None
     record = read_sweep_file(sweep_dir)
     if task and task != record["overrides"]:
         raise SystemExit(
@@ -89,6 +94,9 @@ class JobPlan:
 def plan_job(job_dir: Path) -> JobPlan:
     """What a relaunched sweep does with the job whose folder is `job_dir` (module docstring).
     A job it runs again has its last attempt moved aside and its run tagged `superseded`."""
+    held = holder(job_dir)  # e.g. a trainer.resume of this job's folder
+    if held is not None:
+        return JobPlan("busy", f"its folder is held by process {held['pid']} on {held['host']}")
     try:
         record = json.loads((job_dir / RUN_FILE).read_text())
     except (OSError, ValueError):
@@ -131,6 +139,6 @@ def _move_aside(job_dir: Path, run_id: str) -> None:
     dest = job_dir / ATTEMPTS / run_id
     dest.mkdir(parents=True, exist_ok=True)
     for path in job_dir.iterdir():
-        if path.name in (".hydra", ATTEMPTS) or path.suffix == ".log":
+        if path.name in (".hydra", ATTEMPTS, LOCK_FILE) or path.suffix == ".log":
             continue
         path.rename(dest / path.name)

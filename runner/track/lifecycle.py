@@ -14,14 +14,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mlflow.entities import RunTag
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from runner.core.errors import Interrupted
 from runner.core.process import pid_alive
 from runner.track.client import client_for, experiment_id
-from runner.track.server import check_reachable
+from runner.track.server import check_reachable, sqlite_path
 from runner.track.tracker import PENDING, Tracker, flatten
 
 
@@ -45,12 +45,9 @@ def close_lost_runs(client: MlflowClient, experiment: str, job: str, resuming: s
     """Report, and mark KILLED, the runs of this job on this host left RUNNING by a process
     that is gone (SIGKILL, a crash of the machine's OOM killer): MLflow never cleans them up
     (mlflow#10510). The run `resuming` goes on instead."""
-    host = socket.gethostname()
     for run in client.search_runs([experiment], "attributes.status = 'RUNNING'", max_results=200):
         tags = run.data.tags
-        if tags.get("job") != job or tags.get("host") != host or "pid" not in tags:
-            continue
-        if run.info.run_id == resuming or pid_alive(int(tags["pid"])):
+        if tags.get("job") != job or run.info.run_id == resuming or not close_if_lost(client, run):
             continue
         run_dir = Path(tags.get("run_dir", "?"))
         has_checkpoint = (run_dir / "checkpoints" / "checkpoint").is_file()
@@ -59,14 +56,50 @@ def close_lost_runs(client: MlflowClient, experiment: str, job: str, resuming: s
             if has_checkpoint
             else "it wrote no checkpoint (trainer.checkpoint_every)"
         )
-        client.set_tag(run.info.run_id, "lost", f"process {tags['pid']} on {host} gone")
-        client.set_terminated(run.info.run_id, status="KILLED")
         print(
             f"tfmemlab: run {run.info.run_id} of this job was left RUNNING by process "
             f"{tags['pid']}, which is gone (killed): marked KILLED; {how}",
             file=sys.stderr,
             flush=True,
         )
+
+
+def close_if_lost(client: MlflowClient, run: Run) -> bool:
+    """Mark `run` KILLED, with a `lost` tag, if it is RUNNING on this host and its process is
+    gone (MLflow never does: mlflow#10510); True if it was."""
+    tags, host = run.data.tags, socket.gethostname()
+    if run.info.status != "RUNNING" or tags.get("host") != host or "pid" not in tags:
+        return False
+    if pid_alive(int(tags["pid"])):
+        return False
+    client.set_tag(run.info.run_id, "lost", f"process {tags['pid']} on {host} gone")
+    client.set_terminated(run.info.run_id, status="KILLED")
+    return True
+
+
+def close_lost_run(uri: str, run_id: str | None, run_dir: Path) -> str | None:
+    """The status of a run that left no checkpoint, after close_if_lost: the run `run_id`, or
+    (its run.json never written) the run whose `run_dir` tag is `run_dir`. None when the store
+    is not there, does not answer, or has no such run: the caller's message stands without it."""
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():  # opening it would create an empty store
+        return None
+    try:
+        check_reachable(uri)
+        client = client_for(uri)
+        if run_id is not None:
+            run = client.get_run(run_id)
+        else:
+            experiments = [e.experiment_id for e in client.search_experiments()]
+            found = client.search_runs(experiments, f"tags.run_dir = '{run_dir.resolve()}'")
+            if not found:
+                return None
+            run = found[0]
+        if close_if_lost(client, run):
+            return "KILLED"
+        return run.info.status
+    except Exception:  # noqa: BLE001 - a lookup for a better message must not hide the real one
+        return None
 
 
 @contextlib.contextmanager

@@ -236,7 +236,10 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     # The run is opened before anything that can fail (device setup included), so every
     # failure after the command-line check leaves a FAILED run with its error (issue 13).
     # SIGTERM/SIGINT from here on end the job after its next optimizer step, checkpointed.
-    with StopOnSignal() as stop, _tracker(cfg, run_name, point, overrides, tags) as tracker:
+    # One process at a time in a run directory, held before MLflow is told anything (issue 27).
+    hydra_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+    lock = rundir.run_lock(point, cfg.trainer.resume, hydra_dir)
+    with lock, StopOnSignal() as stop, _tracker(cfg, run_name, point, overrides, tags) as tracker:
         run_dir = point.run_dir if point is not None else _run_dir(tracker.run_id)
         if point is None:
             rundir.write_run_file(run_dir, tracker.run_id, cfg, overrides)

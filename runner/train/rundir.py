@@ -7,6 +7,7 @@ is run again, and no (metric, step) pair the run already has is logged again. Ev
 is read without TensorFlow, so the command line checks a resume before TensorFlow loads.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from runner.core.errors import ResumeError
+from runner.core.lock import FolderLock, check_free
+from runner.track.lifecycle import close_lost_run
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
@@ -52,6 +55,18 @@ def write_run_file(run_dir: Path, run_id: str, cfg: DictConfig, overrides: list[
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     (run_dir / RUN_FILE).write_text(json.dumps(record, indent=2))
+
+
+def run_lock(point: ResumePoint | None, resume: str | None, hydra_dir: str | None):
+    """This process's hold on its run directory for the whole run (runner/core/lock.py): a
+    resume's, so that a second resume changes nothing; a new run's Hydra folder (Hydra gives
+    two runs started in the same second the same one). Outside Hydra a new run's folder is
+    named by its new MLflow run: no one else's."""
+    if point is not None:
+        return FolderLock(point.run_dir, f"trainer.resume={resume}")
+    if hydra_dir is not None:
+        return FolderLock(Path(hydra_dir), f"run directory {hydra_dir}")
+    return contextlib.nullcontext()
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -100,11 +115,10 @@ def locate(resume: str, overrides: list[str]) -> ResumePoint:
             )
     else:
         run_dir = Path(resume)
+    check_free(run_dir, f"trainer.resume={resume}")  # BusyError: another process has it
     path = run_dir / RUN_FILE
-    if not path.is_file():
-        raise ResumeError(f"trainer.resume={resume}: no {RUN_FILE} there; expected a run directory")
-    if not _has_checkpoint(run_dir):
-        raise ResumeError(f"trainer.resume={resume}: the run there wrote no checkpoint")
+    if not path.is_file() or not _has_checkpoint(run_dir):
+        raise ResumeError(f"trainer.resume={resume}: {_not_resumable(run_dir)}")
     record = json.loads(path.read_text())
     if job != "default" and job != record["job"]:
         raise ResumeError(
@@ -119,3 +133,31 @@ def locate(resume: str, overrides: list[str]) -> ResumePoint:
             "nothing is left to resume"
         )
     return ResumePoint(run_dir, record["run_id"], record["tracking_uri"], record["job"], config)
+
+
+def _not_resumable(run_dir: Path) -> str:
+    """Why a folder without a checkpoint cannot be resumed: it was never a run directory, or
+    its run stopped before its first checkpoint (its MLflow run, left RUNNING by a process
+    that is gone, is marked KILLED) and must run again, with the overrides it was given."""
+    overrides = run_dir / ".hydra" / "overrides.yaml"  # Hydra writes it before run.json
+    if (run_dir / RUN_FILE).is_file():
+        record = json.loads((run_dir / RUN_FILE).read_text())
+        job, uri, run_id = record["job"], record["tracking_uri"], record["run_id"]
+    elif overrides.is_file():
+        given = [str(o) for o in OmegaConf.load(overrides)]
+        resumed = [o for o in given if o.startswith("trainer.resume=")]
+        if resumed:
+            return f"no {RUN_FILE} there: it is the folder of a resume; give {resumed[-1]}"
+        job, run_id = job_key(given), None
+        uri = OmegaConf.load(run_dir / ".hydra" / "config.yaml").mlflow.tracking_uri
+    else:
+        return f"no {RUN_FILE} there; expected a run directory"
+    status = close_lost_run(uri, run_id, run_dir)
+    if status == "FINISHED":
+        return "the run there finished and wrote no checkpoint; nothing is left to resume"
+    how = "failed" if status == "FAILED" else "was stopped"
+    again = "python run.py" + ("" if job == "default" else f" {job}")
+    return (
+        f"the run there {how} before its first checkpoint (it wrote no checkpoint): there is "
+        f"nothing to go on from; run it again with: {again}"
+    )
