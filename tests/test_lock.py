@@ -1,0 +1,129 @@
+"""One process at a time in a folder (issue 27): real processes holding the lock, real SIGKILL,
+records written as another host would write them."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.core import lock
+from runner.core.errors import BusyError
+from runner.core.lock import LOCK_FILE, STALE_S, FolderLock
+from runner.sweep.state import write_sweep_file
+from tests.conftest import REPO, run_cli
+
+HOLD = """
+import sys, time
+from runner.core.lock import FolderLock
+with FolderLock(sys.argv[1], "x"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    """A real process that takes `folder`'s lock and keeps it."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def _write_record(folder: Path, **record) -> None:
+    """A lock record as its holder writes it, without the flock (another host, or a file
+    system where flock does nothing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fields = {"pid": 4321, "host": socket.gethostname(), "started": "2026-01-01 00:00:00"}
+    (folder / LOCK_FILE).write_text(json.dumps({**fields, **record}))
+
+
+def test_a_holder_killed_by_sigkill_does_not_block_the_next_taker(tmp_path):
+    holder = _holder(tmp_path)
+    with pytest.raises(BusyError) as busy, FolderLock(tmp_path, f"trainer.resume={tmp_path}"):
+        pass
+    assert str(busy.value).startswith(
+        f"trainer.resume={tmp_path}: held by process {holder.pid} on host {socket.gethostname()}"
+    )
+    assert str(busy.value).endswith("; wait for it to end, or stop it")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == holder.pid  # left behind
+    with FolderLock(tmp_path, "x"):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert lock.holder(tmp_path) is None  # released: free again
+
+
+def test_without_flock_a_live_pid_on_this_host_holds_and_a_dead_one_does_not(tmp_path):
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        _write_record(tmp_path, pid=alive.pid, heartbeat=time.time())
+        with (
+            pytest.raises(BusyError, match=f"held by process {alive.pid} "),
+            FolderLock(tmp_path, "x"),
+        ):
+            pass
+    finally:
+        alive.kill()
+        alive.wait()
+    with FolderLock(tmp_path, "x"):  # the same record, its process gone
+        pass
+
+
+def test_a_record_from_another_host_holds_while_its_heartbeat_is_fresh(tmp_path):
+    _write_record(tmp_path, pid=1, host="other-host", heartbeat=time.time())
+    with (
+        pytest.raises(BusyError, match="held by process 1 on host other-host"),
+        FolderLock(tmp_path, "x"),
+    ):
+        pass
+    _write_record(tmp_path, pid=1, host="other-host", heartbeat=time.time() - STALE_S - 1)
+    with FolderLock(tmp_path, "x"):
+        pass
+
+
+def test_the_holder_refreshes_its_heartbeat(tmp_path, monkeypatch):
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.05)
+    with FolderLock(tmp_path, "x"):
+        first = lock.read_record(tmp_path)["heartbeat"]
+        time.sleep(0.5)
+        assert lock.read_record(tmp_path)["heartbeat"] > first
+
+
+def _files(folder: Path) -> dict:
+    """Every file under `folder` and its bytes, but the lock's (its heartbeat moves)."""
+    return {
+        p.relative_to(folder): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != LOCK_FILE
+    }
+
+
+def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_nothing(tmp_path):
+    sweep = tmp_path / "sweep"
+    write_sweep_file(
+        sweep, "parent", f"sqlite:///{tmp_path}/mlflow.db", "tfmemlab", ["accum=1,2"], []
+    )
+    (sweep / "0").mkdir()
+    (sweep / "0" / "run.json").write_text("{}")
+    holder = _holder(sweep)  # the sweep that runs, or the first sweep.resume
+    before = _files(sweep)
+    try:
+        result = run_cli(["-m", f"sweep.resume={sweep}"], tmp_path, None, 120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: sweep.resume={sweep}: held by process {holder.pid} on host "
+        f"{socket.gethostname()} (started {lock.read_record(sweep)['started']}); wait for it to "
+        "end, or stop it"
+    ]
+    assert _files(sweep) == before
+    assert not (tmp_path / "mlflow.db").exists()  # MLflow was not even opened
