@@ -1,8 +1,10 @@
 """Checkpoints, resume and signals (issue 16): real processes, real signals, a real store."""
 
 import json
+import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,10 +33,11 @@ def _job(store: str, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+def _start(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(REPO / "run.py"), *args],
         cwd=cwd,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -87,8 +90,25 @@ def test_a_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path):
     assert f"python run.py trainer.resume={run_dir}" in err
     assert client.get_run(run_id).info.status == "KILLED"
 
-    resumed = run_cli([f"trainer.resume={run_dir}"], tmp_path, {"MLFLOW_TRACKING_URI": store})
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # Two resumes started together (issue 27): one goes on; the other changes nothing and says
+    # which process has the run directory.
+    env = {"MLFLOW_TRACKING_URI": store}
+    both = [_start([f"trainer.resume={run_dir}"], tmp_path, env) for _ in range(2)]
+    outputs = [process.communicate(timeout=600) for process in both]
+    ran = [i for i, process in enumerate(both) if process.returncode == 0]
+    assert len(ran) == 1, [err[-2000:] for _, err in outputs]
+    (winner,), loser = ran, 1 - ran[0]
+    assert both[loser].returncode != 0 and "Traceback" not in outputs[loser][1]
+    assert (
+        outputs[loser][1]
+        .strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: trainer.resume={run_dir}: held by process {both[winner].pid} on host "
+            f"{socket.gethostname()} (started "
+        )
+    )
+    resumed = subprocess.CompletedProcess([], 0, *outputs[winner])
     run = client.get_run(run_id)  # the same run, finished
     assert run.info.status == "FINISHED"
     start = int(run.data.tags["resumed_from_step"])
@@ -269,3 +289,48 @@ def test_out_of_memory_fails_the_job_with_its_levers_and_a_smaller_micro_batch_t
     assert "error: out of memory at optimizer step 1" in result.stderr  # one line, printed
     assert not (tmp_path / "sweep" / "0" / "checkpoints").exists()  # nothing from that state
     assert fits.info.status == "FINISHED" and fits.data.metrics["mem/peak_bytes"] > 0
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_to_run_again_and_is_marked_killed(
+    tmp_path, store
+):
+    """While it runs a resume is refused (issue 27); once SIGKILLed with no checkpoint, a
+    resume says to run it again and closes its MLflow run, found by run.json or, when run.json
+    was never written, by its run_dir tag. The command line is checked in this process: its
+    one line is the SystemExit's message (run.py prints it as is)."""
+    from runner.cli import check_command_line
+
+    run_dir = tmp_path / "run"
+    args = [*tiny_overrides("transformer", store), "trainer.max_steps=100000"]
+    job = _start([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(SystemExit) as held:
+        check_command_line([f"trainer.resume={run_dir}"])
+    assert str(held.value).startswith(
+        f"error: trainer.resume={run_dir}: held by process {job.pid} on host "
+    )
+    job.kill()  # SIGKILL: no checkpoint, the run left RUNNING
+    job.communicate(timeout=60)
+    client, run = _run(store)
+    assert run.info.status == "RUNNING"
+
+    # The overrides in the order given: trainer.max_steps is given twice, and the last wins.
+    again = f"run it again with: python run.py {' '.join(args)}"
+    with pytest.raises(SystemExit) as stopped:
+        check_command_line([f"trainer.resume={run_dir}"])
+    assert str(stopped.value) == (
+        f"error: trainer.resume={run_dir}: the run there was stopped before its first "
+        f"checkpoint (it wrote no checkpoint): there is nothing to go on from; {again}"
+    )
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "KILLED" and f"process {job.pid}" in run.data.tags["lost"]
+
+    # Killed before run.json was written: the run is found by its run_dir tag.
+    client.update_run(run.info.run_id, status="RUNNING")
+    (run_dir / "run.json").unlink()
+    with pytest.raises(SystemExit) as stopped:
+        check_command_line([f"trainer.resume={run_dir}"])
+    assert str(stopped.value).endswith(again)
+    assert client.get_run(run.info.run_id).info.status == "KILLED"

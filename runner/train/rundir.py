@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,24 +140,26 @@ def _not_resumable(run_dir: Path) -> str:
     """Why a folder without a checkpoint cannot be resumed: it was never a run directory, or
     its run stopped before its first checkpoint (its MLflow run, left RUNNING by a process
     that is gone, is marked KILLED) and must run again, with the overrides it was given."""
-    overrides = run_dir / ".hydra" / "overrides.yaml"  # Hydra writes it before run.json
+    hydra = run_dir / ".hydra"  # Hydra writes it before run.json, with the overrides in order
+    given = None
+    if (hydra / "overrides.yaml").is_file():
+        given = [str(o) for o in OmegaConf.load(hydra / "overrides.yaml")]
     if (run_dir / RUN_FILE).is_file():
         record = json.loads((run_dir / RUN_FILE).read_text())
-        job, uri, run_id = record["job"], record["tracking_uri"], record["run_id"]
-    elif overrides.is_file():
-        given = [str(o) for o in OmegaConf.load(overrides)]
-        resumed = [o for o in given if o.startswith("trainer.resume=")]
-        if resumed:
-            return f"no {RUN_FILE} there: it is the folder of a resume; give {resumed[-1]}"
-        job, run_id = job_key(given), None
-        uri = OmegaConf.load(run_dir / ".hydra" / "config.yaml").mlflow.tracking_uri
-    else:
+        uri, run_id = record["tracking_uri"], record["run_id"]
+        given = given if given is not None else record["job"].split()
+    elif given is None:
         return f"no {RUN_FILE} there; expected a run directory"
+    elif resumed := [o for o in given if o.startswith("trainer.resume=")]:
+        return f"no {RUN_FILE} there: it is the folder of a resume; give {resumed[-1]}"
+    else:
+        uri, run_id = OmegaConf.load(hydra / "config.yaml").mlflow.tracking_uri, None
+    given = [o for o in given if not o.lstrip("+~").startswith(NOT_THE_JOB)]
     status = close_lost_run(uri, run_id, run_dir)
     if status == "FINISHED":
         return "the run there finished and wrote no checkpoint; nothing is left to resume"
     how = "failed" if status == "FAILED" else "was stopped"
-    again = "python run.py" + ("" if job == "default" else f" {job}")
+    again = shlex.join(["python", "run.py", *(o for o in given if o != "default")])
     return (
         f"the run there {how} before its first checkpoint (it wrote no checkpoint): there is "
         f"nothing to go on from; run it again with: {again}"
