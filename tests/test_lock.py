@@ -60,6 +60,23 @@ def test_a_holder_killed_by_sigkill_does_not_block_the_next_taker(tmp_path):
     assert lock.holder(tmp_path) is None  # released: free again
 
 
+def test_a_stopped_holder_whose_heartbeat_went_stale_still_holds_on_this_host(tmp_path):
+    """Ctrl-Z: its heartbeat stops, but its flock stays, and the kernel's word wins here."""
+    holder = _holder(tmp_path)
+    holder.send_signal(signal.SIGSTOP)
+    try:
+        record = lock.read_record(tmp_path)
+        _write_record(tmp_path, **{**record, "heartbeat": time.time() - STALE_S - 1})
+        with (
+            pytest.raises(BusyError, match=f"held by process {holder.pid} "),
+            FolderLock(tmp_path, "x"),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_without_flock_a_live_pid_on_this_host_holds_and_a_dead_one_does_not(tmp_path):
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
