@@ -15,6 +15,7 @@ import pytest
 from runner.core import lock
 from runner.core.errors import BusyError
 from runner.core.lock import LOCK_FILE, STALE_S, FolderLock
+from runner.sweep.resume import resume_argv
 from runner.sweep.state import write_sweep_file
 from tests.conftest import REPO, run_cli
 
@@ -132,6 +133,8 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
     holder = _holder(sweep)  # the sweep that runs, or the first sweep.resume
     before = _files(sweep)
     try:
+        with pytest.raises(SystemExit) as early:  # before Hydra starts, not only in its callback
+            resume_argv(["-m", f"sweep.resume={sweep}"])
         result = run_cli(["-m", f"sweep.resume={sweep}"], tmp_path, None, 120)
     finally:
         holder.kill()
@@ -142,5 +145,6 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
         f"{socket.gethostname()} (started {lock.read_record(sweep)['started']}); wait for it to "
         "end, or stop it"
     ]
+    assert str(early.value) == result.stderr.strip()
     assert _files(sweep) == before
     assert not (tmp_path / "mlflow.db").exists()  # MLflow was not even opened
