@@ -136,6 +136,9 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
         with pytest.raises(SystemExit) as early:  # before Hydra starts, not only in its callback
             resume_argv(["-m", f"sweep.resume={sweep}"])
         result = run_cli(["-m", f"sweep.resume={sweep}"], tmp_path, None, 120)
+        # A new sweep into the same folder (two started in the same second): its callback.
+        store = f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"
+        new = run_cli(["-m", "accum=1,2", f"hydra.sweep.dir={sweep}", store], tmp_path, None, 120)
     finally:
         holder.kill()
         holder.wait()
@@ -146,5 +149,8 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
         "end, or stop it"
     ]
     assert str(early.value) == result.stderr.strip()
+    assert new.returncode != 0 and new.stderr.strip().splitlines() == [
+        result.stderr.strip().replace(f"sweep.resume={sweep}", f"hydra.sweep.dir={sweep}")
+    ]
     assert _files(sweep) == before
     assert not (tmp_path / "mlflow.db").exists()  # MLflow was not even opened
