@@ -15,7 +15,7 @@ import pytest
 from runner.core import lock
 from runner.core.errors import BusyError
 from runner.core.lock import LOCK_FILE, STALE_S, FolderLock
-from runner.sweep.resume import resume_argv
+from runner.sweep.resume import plan_job, resume_argv
 from runner.sweep.state import write_sweep_file
 from tests.conftest import REPO, run_cli
 
@@ -149,6 +149,12 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
         "end, or stop it"
     ]
     assert str(early.value) == result.stderr.strip()
+    job = _holder(sweep / "0")  # a trainer.resume of job 0's folder: the sweep leaves it alone
+    try:
+        assert plan_job(sweep / "0").action == "busy"
+    finally:
+        job.kill()
+        job.wait()
     assert new.returncode != 0 and new.stderr.strip().splitlines() == [
         result.stderr.strip().replace(f"sweep.resume={sweep}", f"hydra.sweep.dir={sweep}")
     ]
