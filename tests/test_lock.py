@@ -129,7 +129,8 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
         sweep, "parent", f"sqlite:///{tmp_path}/mlflow.db", "tfmemlab", ["accum=1,2"], []
     )
     (sweep / "0").mkdir()
-    (sweep / "0" / "run.json").write_text("{}")
+    record = {"run_id": "r", "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "job": "accum=1"}
+    (sweep / "0" / "run.json").write_text(json.dumps(record))
     holder = _holder(sweep)  # the sweep that runs, or the first sweep.resume
     before = _files(sweep)
     try:
