@@ -22,7 +22,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from runner.core.errors import ResumeError
-from runner.train.rundir import CHECKPOINTS
+from runner.train.rundir import CHECKPOINTS, record_sizes
 from runner.train.signals import StopOnSignal
 
 DAMAGED = "damaged"  # under checkpoints/: what did not read back, kept for a look
@@ -115,7 +115,9 @@ class TrainState:
         if latest is not None and latest.endswith(f"ckpt-{step}"):
             return latest  # a signal's save after the step's own
         self.steps_done.assign(step)
-        return self.manager.save(checkpoint_number=step)
+        path = self.manager.save(checkpoint_number=step)
+        record_sizes(self.run_dir, [Path(p).name for p in self.manager.checkpoints])
+        return path
 
     def restore(self) -> int:
         path = self.manager.latest_checkpoint
