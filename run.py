@@ -68,7 +68,7 @@ def _one_job(cfg: DictConfig) -> None:
         _train(cfg)
     except (TrackingError, PlanError) as err:  # the store or the budget: no run to lose
         raise SystemExit(f"error: {err}") from None
-    except (DiskFull, ResumeError) as err:  # a full disk: FAILED (failure=disk_full)
+    except (DiskFull, ResumeError) as err:  # FAILED, failure=disk_full; no checkpoint restores
         raise SystemExit(f"error: {err}") from None
     except tf.errors.ResourceExhaustedError as err:  # the run is FAILED (failure=oom)
         full = disk_full(err)  # any that training did not name (TensorFlow's words)

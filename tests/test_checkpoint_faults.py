@@ -53,10 +53,13 @@ def stopped(tmp_path_factory, _empty_store) -> tuple[Path, Path]:
     return folder, run_dir
 
 
-def _copy(stopped, tmp_path: Path) -> tuple[str, Path, str]:
+def _copy(stopped, tmp_path: Path, monkeypatch) -> tuple[str, Path, str]:
     """This test's own copy of the stopped run: its store and run directory (run.json pointed
-    at the copied store). Returns the store, the run directory and the run's id."""
+    at the copied store). Returns the store, the run directory and the run's id. The test
+    runs in the stopped run's folder, whose outputs/ holds the CPU's calibrated peak FLOP/s
+    (runner.report.figures.CACHE_DIR): a new folder would calibrate it again (seconds)."""
     folder, run_dir = stopped
+    monkeypatch.chdir(folder)
     shutil.copy(folder / "mlflow.db", tmp_path / "mlflow.db")
     store = f"sqlite:///{tmp_path}/mlflow.db"
     copy = Path(shutil.copytree(run_dir, tmp_path / "run"))
@@ -90,12 +93,11 @@ def _resume(store: str, run_dir: Path):
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_goes_on_from_the_one_before(
     stopped, tmp_path, monkeypatch, capsys
 ):
-    store, run_dir, run_id = _copy(stopped, tmp_path)
+    store, run_dir, run_id = _copy(stopped, tmp_path, monkeypatch)
     client = MlflowClient(tracking_uri=store)
     assert client.get_run(run_id).info.status == "KILLED"
     checkpoints = run_dir / "checkpoints"
     _truncate(checkpoints, "ckpt-4")  # the last step's: intact, the run would be finished
-    monkeypatch.chdir(tmp_path)
     _resume(store, run_dir)
     out, err = capsys.readouterr()
     assert (
@@ -124,11 +126,10 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_goes_on_from_the_o
 def test_no_checkpoint_that_restores_is_one_line_and_leaves_the_run_as_it_was(
     stopped, tmp_path, monkeypatch, capsys
 ):
-    store, run_dir, run_id = _copy(stopped, tmp_path)
+    store, run_dir, run_id = _copy(stopped, tmp_path, monkeypatch)
     checkpoints = run_dir / "checkpoints"
     _truncate(checkpoints, "ckpt-4")
     _truncate(checkpoints, "ckpt-3")
-    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stop:
         _resume(store, run_dir)
     assert str(stop.value.code) == (
@@ -143,10 +144,9 @@ def test_no_checkpoint_that_restores_is_one_line_and_leaves_the_run_as_it_was(
 
 def test_a_report_write_on_a_full_disk_is_disk_full_not_a_traceback(stopped, tmp_path, monkeypatch):
     """metrics.json pointed at /dev/full, whose every write fails with ENOSPC."""
-    store, run_dir, run_id = _copy(stopped, tmp_path)
+    store, run_dir, run_id = _copy(stopped, tmp_path, monkeypatch)
     _truncate(run_dir / "checkpoints", "ckpt-4")  # so that step 4 runs again, then the report
     (run_dir / "metrics.json").symlink_to("/dev/full")
-    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stop:
         _resume(store, run_dir)
     line = str(stop.value.code)
@@ -158,7 +158,9 @@ def test_a_report_write_on_a_full_disk_is_disk_full_not_a_traceback(stopped, tmp
     assert run.info.status == "FAILED" and run.data.tags["failure"] == "disk_full"
 
 
-def test_a_full_disk_while_checkpointing_is_disk_full_and_keeps_the_last_checkpoint(tmp_path):
+def test_a_full_disk_while_checkpointing_is_disk_full_and_keeps_the_last_checkpoint(
+    stopped, tmp_path
+):
     """The run directory on a tmpfs with room for one checkpoint of the tiny model (about 70 KiB)
     but not two: the second SaveV2 fails with ENOSPC (a ResourceExhaustedError)."""
     if shutil.which("unshare") is None:
@@ -181,8 +183,8 @@ def test_a_full_disk_while_checkpointing_is_disk_full_and_keeps_the_last_checkpo
         f"head -c {3 * 2**20 - 140 * 2**10} /dev/zero > {small}/filler && "
         f"{{ {command}; rc=$?; cp -a {small}/run {kept}; exit $rc; }}"
     )
-    result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+    result = subprocess.run(  # in the stopped run's folder: its calibrated CPU peak (_copy)
+        ["unshare", "-rm", "sh", "-c", script], cwd=stopped[0], capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
