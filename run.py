@@ -16,7 +16,15 @@ from omegaconf import DictConfig, open_dict
 
 from runner.cli import check_command_line
 from runner.config import register_configs
-from runner.core.errors import BusyError, Interrupted, PlanError, TrackingError
+from runner.core.diskfull import disk_full
+from runner.core.errors import (
+    BusyError,
+    DiskFull,
+    Interrupted,
+    PlanError,
+    ResumeError,
+    TrackingError,
+)
 from runner.core.start import import_tensorflow
 from runner.launch import LAUNCH_ENV
 from runner.sweep.job import die_with_sweep, plan_sweep_job, run_isolated
@@ -70,8 +78,16 @@ def _one_job(cfg: DictConfig) -> None:
     except BusyError as err:  # another process has the run directory: nothing was changed
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
+    except (DiskFull, ResumeError) as err:  # FAILED, failure=disk_full; no checkpoint restores
+        raise SystemExit(f"error: {err}") from None
     except tf.errors.ResourceExhaustedError as err:  # the run is FAILED (failure=oom)
-        raise SystemExit(f"error: {err.message}") from None
+        full = disk_full(err)  # any that training did not name (TensorFlow's words)
+        raise SystemExit(f"error: {full or err.message}") from None
+    except Exception as err:  # a write of the run on a full disk (MLflow may wrap the OSError)
+        full = disk_full(err)
+        if full is None:
+            raise
+        raise SystemExit(f"error: {full}") from None
     except Interrupted as err:  # checkpointed, the run marked KILLED: say how to go on
         if JOB_ENV in os.environ or LAUNCH_ENV in os.environ:  # the sweep or the launch
             print(f"tfmemlab: {err}", flush=True)

@@ -46,3 +46,14 @@ class BusyError(RuntimeError):
     """A run directory or sweep folder is held by another process (runner/core/lock.py)."""
 
     exit_code = 75  # EX_TEMPFAIL: a sweep tells a job left to another process from a failure
+
+
+class DiskFull(Exception):
+    """A write of the run failed for want of space (ENOSPC, EDQUOT): not out of memory. Built by
+    runner.core.diskfull; `then` says what the writer kept and how to go on."""
+
+    def __init__(self, path, reason: str, free: int | None, then: str = ""):
+        self.path, self.reason, self.free, self.then = path, reason, free, then
+        left = "" if free is None else f"; {free / 2**20:.1f} MiB left on that filesystem"
+        then = f". {then}" if then else ""
+        super().__init__(f"disk full: writing {path} failed ({reason}){left}{then}")

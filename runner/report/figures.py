@@ -13,6 +13,7 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from models.spec import DataSpec
+from runner.core.diskfull import writing
 from runner.measure import estimate, flops
 from runner.measure.estimate import is_cpu_xla
 from runner.measure.history import History
@@ -123,7 +124,8 @@ def publish(
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker.log_metrics(figures, history.last_step)
     tracker.set_tags(tags)
-    (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
+    with writing(run_dir / "metrics.json"):  # a full disk names the file (issue 27)
+        (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
     tracker.log_artifact(run_dir / "metrics.json")
     fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in ("params", "gradients", "optimizer"))
     n = int(tags.get("mem/replicas_per_allocator", 1))  # logical CPUs share one allocator
@@ -132,14 +134,15 @@ def publish(
         f"estimate (all parts){per}": n * figures["mem/estimate_bytes"],
         f"estimate: params + gradients + optimizer{per}": n * fixed,
     }
-    png = timeline_png(
-        history.step_peaks,
-        history.current_bytes,
-        reference,
-        run_dir / "memory_timeline.png",
-        title,
-        history.first_step,
-    )
+    with writing(run_dir / "memory_timeline.png"):
+        png = timeline_png(
+            history.step_peaks,
+            history.current_bytes,
+            reference,
+            run_dir / "memory_timeline.png",
+            title,
+            history.first_step,
+        )
     tracker.log_artifact(png)
 
 
@@ -157,5 +160,6 @@ def log_plan(tracker: Tracker, record: dict, run_dir: Path) -> None:
     )
     tracker.set_tags({"plan": "accum=auto"})
     path = run_dir / "plan.json"
-    path.write_text(json.dumps(record, indent=2))
+    with writing(path):
+        path.write_text(json.dumps(record, indent=2))
     tracker.log_artifact(path)

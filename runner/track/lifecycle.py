@@ -18,6 +18,7 @@ from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from runner.core.diskfull import disk_full
 from runner.core.errors import Interrupted
 from runner.core.process import pid_alive
 from runner.track.client import client_for, experiment_id
@@ -26,7 +27,10 @@ from runner.track.tracker import PENDING, Tracker, flatten
 
 
 def failure_kind(err: BaseException) -> str:
-    """oom | nan | error: what made a job fail, as the `failure` tag (issue 7)."""
+    """oom | nan | disk_full | error: what made a job fail, as the `failure` tag (issues 7,
+    27). A full disk first: TensorFlow raises ResourceExhaustedError for it too."""
+    if disk_full(err) is not None:
+        return "disk_full"
     tf = sys.modules.get("tensorflow")  # loaded by whatever ran out of memory; not imported here
     if tf is not None and isinstance(err, tf.errors.ResourceExhaustedError):
         return "oom"

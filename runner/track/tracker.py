@@ -17,6 +17,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from runner.core.diskfull import disk_full, writing
 from runner.track.server import remote
 
 _BATCH = 500  # metrics per log_batch call; well under MLflow's 1000 limit
@@ -77,7 +78,7 @@ class Tracker:
                     flush=True,
                 )
         self.pending_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.pending_path, "a") as out:
+        with writing(self.pending_path), open(self.pending_path, "a") as out:
             out.write(
                 json.dumps({"uri": self.client.tracking_uri, "run_id": self.run_id, **record})
                 + "\n"
@@ -125,10 +126,24 @@ class Tracker:
         """Upload a file the run wrote; while the server is lost, its path is kept instead
         (run-directory files stay where they are)."""
         path = Path(path).resolve()
-        self._send(
-            {"artifact": str(path), "artifact_path": artifact_path},
-            lambda: self.client.log_artifact(self.run_id, str(path), artifact_path),
-        )
+        try:
+            self._send(
+                {"artifact": str(path), "artifact_path": artifact_path},
+                lambda: self.client.log_artifact(self.run_id, str(path), artifact_path),
+            )
+        except Exception as err:  # a full disk under a local artifact store names it (issue 27)
+            full = disk_full(err, self._artifact_dir(path.name))
+            if full is None:
+                raise
+            raise full from err
+
+    def _artifact_dir(self, name: str) -> str:
+        """Where MLflow copies this run's artifact `name` (a local artifact store's path)."""
+        try:
+            uri = self.client.get_run(self.run_id).info.artifact_uri
+        except Exception:
+            return f"artifact {name} of run {self.run_id}"
+        return f"{uri.removeprefix('file://')}/{name}"
 
     def log_text(self, text: str, name: str) -> None:
         if self.lost is not None:  # a temporary file would be gone before the upload

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
 
-from runner.core.errors import TrackingError
+from runner.core.diskfull import disk_full, writing
+from runner.core.errors import DiskFull, TrackingError
 from runner.track.client import client_for
 from runner.track.server import check_reachable
 from runner.track.tracker import PENDING
@@ -55,7 +56,8 @@ def upload(run_dir: Path) -> int:
     client = client_for(records[0]["uri"])
     for i in range(done, len(records)):
         _send(client, records[i])
-        sent_path.write_text(str(i + 1))
+        with writing(sent_path):
+            sent_path.write_text(str(i + 1))
     return len(records) - done
 
 
@@ -70,8 +72,13 @@ def main(argv: list[str]) -> None:
     args = command_line().parse_args(argv)
     try:
         sent = upload(args.run_dir)
-    except TrackingError as err:
+    except (TrackingError, DiskFull) as err:
         raise SystemExit(f"error: {err}") from None
+    except Exception as err:  # MLflow's copy of an artifact onto a full disk (issue 27)
+        full = disk_full(err)
+        if full is None:
+            raise
+        raise SystemExit(f"error: {full}") from None
     records = json.loads((args.run_dir / PENDING).read_text().splitlines()[0])
     print(f"tfmemlab: sent {sent} pending record(s) to run {records['run_id']} at {records['uri']}")
 

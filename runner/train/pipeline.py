@@ -6,7 +6,6 @@ which run.py calls), and a sweep's job is handed the tags that place it under it
 """
 
 import contextlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from omegaconf import DictConfig
 from runner.config import IMAGE_MODELS, validate
 from runner.core.errors import ConfigError
 from runner.core.start import quiet_python_logs
-from runner.measure import estimate, profile
+from runner.measure import profile
 from runner.measure.history import History
 from runner.measure.telemetry import Memory, replica_memory
 from runner.report import figures as report
@@ -31,7 +30,9 @@ from runner.techniques.accumulation import make_train_step
 from runner.track.lifecycle import log_config, mlflow_run
 from runner.track.tracker import WorkerTracker
 from runner.train import device, rundir
+from runner.train.checkpoint import keep_restorable
 from runner.train.data import build_data
+from runner.train.faults import training_fault
 from runner.train.job import Built, Job, build, train_state
 from runner.train.loop import Steps, evaluate, train
 from runner.train.optimizer import make_eval_step, resolve_jit
@@ -106,29 +107,6 @@ def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
     return train(steps, job.tracker, mem, state)
 
 
-def _out_of_memory(err, job: Job, built: Built):
-    """The same error, its message saying what ran out and which levers to try."""
-    cfg = job.cfg
-    cpu_xla = estimate.is_cpu_xla(job.jit, job.device_name)
-    parts = estimate.estimate_memory(
-        built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat
-    )
-    on_gpu = "GPU" in job.device_name.upper()
-    limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if not on_gpu else None
-    b, k = cfg.data.batch_size, cfg.accum
-    halved = f"accum={2 * k} data.batch_size={b // 2} (the same effective batch), " if b > 1 else ""
-    message = (
-        f"out of memory at optimizer step {getattr(err, 'tfmemlab_step', '?')} with micro-batch "
-        f"data.batch_size={b} x accum={k}: the estimate for this job is "
-        f"{parts['total'] / 2**20:.1f} MiB "
-        + (f"against a limit of {limit} MiB " if limit else f"on {job.device_name} ")
-        + f"(checkpointing={cfg.checkpointing.policy}, precision={cfg.precision.name}); to "
-        f"fit, try {halved}checkpointing=blocks or selective, precision=mixed or bf16, or a "
-        f"smaller data.batch_size. TensorFlow: {str(err.message).splitlines()[0][:300]}"
-    )
-    return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
-
-
 def _profile(job: Job, built: Built, sources: dict) -> tuple[dict, list]:
     """profile.layers=true: the per-layer profile, after the run's own figures are taken;
     its figures are returned, its tags and artifacts logged here."""
@@ -173,8 +151,11 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     )
     try:
         history = _train(job, built, state, first, mem)
-    except tf.errors.ResourceExhaustedError as err:
-        raise _out_of_memory(err, job, built) from None
+    except Exception as err:  # a full disk (checked first), out of memory: in one line
+        fault = training_fault(err, job, built, state)
+        if fault is err:
+            raise
+        raise fault from None
     facts = report.RunFacts(
         built.model, built.optimizer, data.spec, history, build_peak, job.device_name, job.jit,
         built.remat, mem, job.replicas,
@@ -224,6 +205,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     overrides = _overrides()
     point = rundir.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
     if point is not None:
+        keep_restorable(point.run_dir)  # damaged checkpoints set aside, before the run reopens
         cfg = _resumed_config(point, cfg)
     if cfg.accum == "auto":
         raise ConfigError("accum", "auto", "an integer here: runner.plan.auto decides it first")

@@ -25,6 +25,7 @@ from runner.track.lifecycle import close_lost_run
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
+SIZES = "sizes.json"  # in checkpoints/: each checkpoint's files and their sizes, as written
 # Overrides that do not change the job trained.
 NOT_THE_JOB = ("trainer.resume", "sweep.resume", "hydra.")
 
@@ -95,12 +96,32 @@ def latest_run_dir(job: str, root: Path = Path("outputs")) -> Path | None:
     )
 
 
+def _files(folder: Path, name: str) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in folder.glob(f"{name}.*") if p.is_file()}
+
+
+def record_sizes(run_dir: Path, names: list[str]) -> None:
+    """Note the sizes of the files of the checkpoints `names` as written (SIZES), so that a
+    damaged one is seen without TensorFlow (_checkpointed_step)."""
+    folder = run_dir / CHECKPOINTS
+    (folder / SIZES).write_text(json.dumps({n: _files(folder, n) for n in names}, indent=1))
+
+
 def _checkpointed_step(run_dir: Path) -> int | None:
-    """The optimizer step of the run's last checkpoint, from the manager's index
-    (`model_checkpoint_path: "ckpt-<step>"`), read without TensorFlow."""
-    index = (run_dir / CHECKPOINTS / "checkpoint").read_text()
-    match = re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', index, re.MULTILINE)
-    return int(match.group(1)) if match else None
+    """The optimizer step of the run's last whole checkpoint, from the manager's index
+    (`all_model_checkpoint_paths: "ckpt-<step>"`), read without TensorFlow. One whose files no
+    longer have the sizes they were written with (a truncated copy) is passed over: its resume
+    goes on from the one before (issue 27)."""
+    folder = run_dir / CHECKPOINTS
+    index = (folder / "checkpoint").read_text()
+    names = re.findall(r'^all_model_checkpoint_paths: ".*?(ckpt-\d+)"', index, re.MULTILINE)
+    names = names or re.findall(r'^model_checkpoint_path: ".*?(ckpt-\d+)"', index, re.MULTILINE)
+    try:
+        sizes = json.loads((folder / SIZES).read_text())
+    except (OSError, ValueError):
+        sizes = {}  # written before sizes were kept: the index is trusted
+    whole = [n for n in names if n not in sizes or sizes[n] == _files(folder, n)]
+    return int(whole[-1].removeprefix("ckpt-")) if whole else None
 
 
 def locate(resume: str, overrides: list[str]) -> ResumePoint:

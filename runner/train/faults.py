@@ -1,0 +1,66 @@
+"""What stopped training, told to the user in one line (issues 7, 27): out of memory with the
+levers to try, or a full disk with the path, the space left and the checkpoint kept.
+
+TensorFlow raises ResourceExhaustedError for both (SaveV2 on a full disk), so the disk is
+checked first: only memory exhaustion is called out of memory.
+"""
+
+import os
+import re
+import shutil
+
+import tensorflow as tf
+
+from runner.core.diskfull import disk_full, free_bytes
+from runner.core.errors import DiskFull
+from runner.measure import estimate
+from runner.train.checkpoint import TrainState
+from runner.train.job import Built, Job
+from runner.train.rundir import CHECKPOINTS
+
+
+def out_of_memory(err, job: Job, built: Built):
+    """The same error, its message saying what ran out and which levers to try."""
+    cfg = job.cfg
+    cpu_xla = estimate.is_cpu_xla(job.jit, job.device_name)
+    parts = estimate.estimate_memory(
+        built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat
+    )
+    on_gpu = "GPU" in job.device_name.upper()
+    limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if not on_gpu else None
+    b, k = cfg.data.batch_size, cfg.accum
+    halved = f"accum={2 * k} data.batch_size={b // 2} (the same effective batch), " if b > 1 else ""
+    message = (
+        f"out of memory at optimizer step {getattr(err, 'tfmemlab_step', '?')} with micro-batch "
+        f"data.batch_size={b} x accum={k}: the estimate for this job is "
+        f"{parts['total'] / 2**20:.1f} MiB "
+        + (f"against a limit of {limit} MiB " if limit else f"on {job.device_name} ")
+        + f"(checkpointing={cfg.checkpointing.policy}, precision={cfg.precision.name}); to "
+        f"fit, try {halved}checkpointing=blocks or selective, precision=mixed or bf16, or a "
+        f"smaller data.batch_size. TensorFlow: {str(err.message).splitlines()[0][:300]}"
+    )
+    return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
+
+
+def training_fault(err: Exception, job: Job, built: Built, state: TrainState):
+    """The error to raise for `err` from the training loop: DiskFull (a checkpoint's half-written
+    files removed, the last good one named), out of memory explained, or `err` itself."""
+    folder = state.run_dir / CHECKPOINTS
+    full = disk_full(err, folder)
+    if full is not None:
+        # SaveV2 writes into ckpt-<n>_temp/ and leaves it behind when the disk fills: never a
+        # checkpoint, and its space is what the user needs back.
+        for temp in folder.glob("*_temp"):
+            shutil.rmtree(temp, ignore_errors=True)
+        full.path = re.sub(r"_temp/.*$", "", str(full.path))  # the checkpoint, not its part
+        latest = state.manager.latest_checkpoint
+        kept = (
+            f"The last good checkpoint, {latest}, is kept: free space, then python run.py "
+            f"trainer.resume={job.run_dir}"
+            if latest
+            else "No checkpoint was written: free space, then run the job again"
+        )
+        return DiskFull(full.path, full.reason, free_bytes(full.path), kept)
+    if isinstance(err, tf.errors.ResourceExhaustedError):
+        return out_of_memory(err, job, built)
+    return err
