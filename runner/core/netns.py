@@ -11,8 +11,8 @@ An unprivileged user may create a network namespace inside a user namespace of i
 (`unshare -rn` does the same). The user namespace maps the user's uid and gid to themselves,
 so files the workers write keep their owner. It maps no other id (that takes CAP_SETUID in
 the parent namespace, which a process gives up by entering the new one): run as root, the
-workers lose root's rights over files owned by other users. Python 3.11 has no os.unshare: libc's is called
-through ctypes. TensorFlow-free, and nothing but the standard library.
+workers lose root's rights over files owned by other users. Python 3.11 has no os.unshare:
+libc's is called through ctypes. TensorFlow-free, and nothing but the standard library.
 """
 
 import ctypes
@@ -83,4 +83,3 @@ def enter_private_network() -> None:
         _loopback_up()
     except OSError as err:
         raise IsolationError(f"setting up the new namespace failed: {err}") from None
-
