@@ -166,8 +166,10 @@ def command_line() -> argparse.ArgumentParser:
 
 def needs_network(uri: str) -> bool:
     """Whether the tracking store at `uri` is reached over the network (a server, a database
-    other than a SQLite file), which a private network namespace cannot."""
-    return "://" in uri and not uri.startswith(("sqlite:///", "file://"))
+    server), which a private network namespace cannot; a SQLite file or a folder is not."""
+    if uri.startswith(("sqlite:///", "file:")):
+        return False
+    return "://" in uri or uri.startswith("databricks")  # MLflow reads "databricks" as a server
 
 
 def _tracking_uri(overrides: list[str]) -> str | None:

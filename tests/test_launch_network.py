@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runner import launch
 from tests.conftest import REPO, run_launch, tiny_overrides
 
 SERVER = "http://127.0.0.1:9"  # nothing answers there
@@ -36,6 +37,23 @@ def _one_line(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1, result.stdout + result.stderr
     return lines[0]
+
+
+@pytest.mark.parametrize(
+    "uri, network",
+    [
+        ("sqlite:///outputs/mlflow.db", False),
+        ("sqlite:////tmp/mlflow.db", False),
+        ("file:///tmp/mlruns", False),
+        ("mlruns", False),
+        ("http://127.0.0.1:5000", True),  # the host's loopback is not the namespace's
+        ("https://mlflow.example.org", True),
+        ("postgresql://user@db/mlflow", True),
+        ("databricks", True),
+    ],
+)
+def test_which_stores_need_the_network(uri, network):
+    assert launch.needs_network(uri) is network
 
 
 def test_a_tracking_server_is_refused_in_one_line_naming_allow_network(tmp_path):
