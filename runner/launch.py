@@ -13,6 +13,12 @@ a SIGTERM that reaches one worker alone (a preempted machine) stops all of them 
 optimizer step, each with its checkpoint (runner.techniques.distribution.WorkersStop).
 `python -m runner.launch --resume <launch folder>` goes on from there: every worker resumes
 its own run directory, and the chief its MLflow run.
+
+The workers run in a private network namespace whose only interface is loopback
+(runner.core.netns): TensorFlow's servers listen on every interface whatever TF_CONFIG says,
+and answer anyone, unauthenticated (tensorflow/tensorflow#11689). There a tracking server
+cannot be reached, so a launch that logs to one is refused, as is a launch on a system that
+cannot make the namespace, unless `--allow-network` runs the workers in this machine's network.
 """
 
 import argparse
@@ -26,6 +32,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from runner.core.netns import IsolationError, enter_private_network
+
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
 # Set for every worker: the launch folder, which the worker's messages name.
 LAUNCH_ENV = "TFMEMLAB_LAUNCH"
@@ -33,6 +41,8 @@ LAUNCH_ENV = "TFMEMLAB_LAUNCH"
 STOPPED = (130, 143)
 # How long the others have to stop on their own once one worker has stopped on a signal.
 STOP_GRACE_S = 60
+# What --allow-network costs, in the launch's lines.
+OPEN = "their TensorFlow servers listen on every interface, unauthenticated"
 
 
 def free_ports(count: int) -> list[int]:
@@ -144,13 +154,64 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resume", type=Path, default=None, help="a launch folder whose workers were stopped"
     )
+    parser.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="run the workers in this machine's network (default: a private network namespace, "
+        f"loopback only); {OPEN}: for a tracking server, or where no namespace can be made",
+    )
     parser.add_argument("overrides", nargs="*", help="run.py overrides, after --")
     return parser
 
 
-def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]]]:
-    """The launch folder and each worker's run.py command, from the launch's command line;
-    bad input exits with one line, before any worker starts (and before TensorFlow loads)."""
+def needs_network(uri: str) -> bool:
+    """Whether the tracking store at `uri` is reached over the network (a server, a database
+    server), which a private network namespace cannot; a SQLite file or a folder is not."""
+    if uri.startswith(("sqlite:///", "file:")):
+        return False
+    return "://" in uri or uri.startswith("databricks")  # MLflow reads "databricks" as a server
+
+
+def _tracking_uri(overrides: list[str]) -> str | None:
+    """The store the job's chief logs to; None if the overrides do not compose (the command
+    line's check then says why)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runner.config import compose_config
+
+    try:
+        return compose_config(overrides).mlflow.tracking_uri
+    except (HydraException, OmegaConfBaseException):
+        return None
+
+
+def _resumed_uri(folder: Path) -> str:
+    """The store of the launch in `folder` (the chief's run.json), checked as the chief's
+    `trainer.resume` will check it."""
+    from runner.core.errors import ResumeError
+    from runner.train.rundir import locate
+
+    try:
+        return locate(str(folder / "worker0"), []).tracking_uri
+    except ResumeError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _refuse_a_network_store(uri: str | None, allow_network: bool) -> None:
+    if uri is not None and needs_network(uri) and not allow_network:
+        raise SystemExit(
+            f"error: mlflow.tracking_uri={uri}: a launch's workers run in a private network "
+            "(loopback only), where this store cannot be reached; log to a SQLite store "
+            f"(sqlite:///<file>), or pass --allow-network to run them in this machine's network, "
+            f"where {OPEN}"
+        )
+
+
+def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]], bool]:
+    """The launch folder, each worker's run.py command and --allow-network, from the launch's
+    command line; bad input exits with one line, before any worker starts (and before
+    TensorFlow loads)."""
     parser = command_line()
     args = parser.parse_args(argv)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -162,18 +223,40 @@ def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]]]:
                 f"error: --resume={args.resume}: expected the folder of a launch "
                 "(worker<i>/run.json) and no overrides: the job is the one it ran\n",
             )
-        return args.resume, [resume_args(args.resume, i, stamp) for i in range(count)]
+        _refuse_a_network_store(_resumed_uri(args.resume), args.allow_network)
+        commands = [resume_args(args.resume, i, stamp) for i in range(count)]
+        return args.resume, commands, args.allow_network
     if args.workers < 2:
         parser.exit(2, f"error: --workers={args.workers}: expected an integer >= 2\n")
     from runner.cli import check_command_line
 
-    check_command_line(["distribution=multi_worker", *args.overrides])
+    overrides = ["distribution=multi_worker", *args.overrides]
+    # Before the command line's check, which would try to reach a server.
+    _refuse_a_network_store(_tracking_uri(overrides), args.allow_network)
+    check_command_line(overrides)
     folder = args.dir or Path("outputs") / "launch" / stamp.replace("_", "/")
-    return folder, [worker_args(args.overrides, folder, i) for i in range(args.workers)]
+    commands = [worker_args(args.overrides, folder, i) for i in range(args.workers)]
+    return folder, commands, args.allow_network
+
+
+def _network(allow_network: bool) -> str:
+    """Where the workers will listen: this process enters a private network namespace, which
+    they inherit, unless --allow-network says otherwise; a system without one is refused."""
+    if allow_network:
+        return f"in this machine's network (--allow-network): {OPEN}"
+    try:
+        enter_private_network()
+    except IsolationError as err:
+        raise SystemExit(
+            f"error: no private network for the workers ({err}); --allow-network runs them "
+            f"in this machine's network, where {OPEN}"
+        ) from None
+    return "in a private network namespace (loopback only: nothing outside the launch reaches them)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    folder, commands = _arguments(argv)
+    folder, commands, allow_network = _arguments(argv)
+    where = _network(allow_network)  # before any thread or worker starts
     folder.mkdir(parents=True, exist_ok=True)
     ports = free_ports(len(commands))
     workers = []
@@ -186,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     print(
-        f"tfmemlab: launch: {len(commands)} workers on 127.0.0.1 ports "
-        f"{', '.join(map(str, ports))}; worker 0 (the chief) below, the others in "
+        f"tfmemlab: launch: {len(commands)} workers, TF_CONFIG on 127.0.0.1 ports "
+        f"{', '.join(map(str, ports))}, {where}; worker 0 (the chief) below, the others in "
         f"{folder}/worker<i>.log",
         flush=True,
     )

@@ -6,7 +6,9 @@ so a gradient off by a constant factor (the replicas' share counted twice) would
 Adam's weights.
 """
 
+import ipaddress
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -130,12 +132,56 @@ def test_mirrored_on_two_logical_cpus_matches_one_device_at_the_same_global_batc
     assert not any(k.startswith("mem/peak_bytes_per_replica/") for k in run_two.data.metrics)
 
 
-def _sigterm_worker1_after_a_checkpoint(launch: subprocess.Popen, folder: Path) -> None:
-    """SIGTERM to worker 1 alone (a preempted machine), once it has checkpointed a step."""
+def _wait_for_a_checkpoint(launch: subprocess.Popen, folder: Path) -> None:
+    """Until worker 1 has checkpointed a step: the workers' servers are up and in use."""
     index = folder / "worker1" / "checkpoints" / "checkpoint"
     deadline = time.monotonic() + 300
     while not index.is_file() and launch.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
+
+
+def _listening(net: str) -> dict[int, tuple]:
+    """A network namespace's listening TCP sockets (/proc/<pid>/net/tcp{,6}, state 0A), by
+    inode: (address, port). The kernel writes each 32-bit word of an address little-endian."""
+    found = {}
+    for table in ("tcp", "tcp6"):
+        for row in Path(net, table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A":
+                continue
+            address, port = fields[1].split(":")
+            words = [bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8)]
+            found[int(fields[9])] = (ipaddress.ip_address(b"".join(words)), int(port, 16))
+    return found
+
+
+def _loopback(address) -> bool:
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _assert_no_worker_listens_on_the_network(launch: subprocess.Popen) -> None:
+    """Issue 27: TensorFlow's servers listen on every interface whatever TF_CONFIG says; the
+    workers' listening sockets must not appear in this (the host's) network namespace but on
+    a loopback address."""
+    host = _listening("/proc/net")  # /proc/net is the reading process's namespace
+    workers = psutil.Process(launch.pid).children()
+    assert len(workers) == 2
+    for worker in workers:
+        fds = Path(f"/proc/{worker.pid}/fd")
+        sockets = {
+            int(link[len("socket:[") : -1])
+            for link in (os.readlink(fd) for fd in fds.iterdir())
+            if link.startswith("socket:[")
+        }
+        # The worker's own view: its servers are up, so the check below is not vacuous.
+        assert sockets & _listening(f"/proc/{worker.pid}/net").keys()
+        exposed = [host[i] for i in sockets & host.keys() if not _loopback(host[i][0])]
+        assert not exposed, f"worker {worker.pid} listens on {exposed} in the host's network"
+
+
+def _sigterm_worker1(launch: subprocess.Popen, folder: Path) -> None:
+    """SIGTERM to worker 1 alone (a preempted machine)."""
     worker1 = next(
         p
         for p in psutil.Process(launch.pid).children()
@@ -178,11 +224,19 @@ def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    _sigterm_worker1_after_a_checkpoint(launch, folder)
+    _wait_for_a_checkpoint(launch, folder)
+    try:
+        _assert_no_worker_listens_on_the_network(launch)
+    except AssertionError:
+        launch.terminate()  # passed on to the workers
+        launch.communicate(timeout=120)
+        raise
+    _sigterm_worker1(launch, folder)
     out, _ = launch.communicate(timeout=600)
     log1 = (folder / "worker1.log").read_text()
     assert launch.returncode == 143, out[-3000:] + log1[-3000:]
     assert f"go on with: python -m runner.launch --resume {folder}" in out
+    assert "in a private network namespace (loopback only" in out
     # The chief, which had no signal, stopped after the same step, with the same checkpoint.
     stopped = _checkpointed_steps(folder / "worker1")
     assert every <= stopped < steps
@@ -196,6 +250,7 @@ def test_two_workers_preempted_on_one_and_resumed_end_equal_to_one_device(
         result.stdout[-3000:] + (folder / "worker1.log").read_text()[-3000:]
     )
     assert f"resumed after optimizer step {stopped}" in result.stdout
+    assert "in a private network namespace (loopback only" in result.stdout
     single = _weights(one)
     first, second = _weights(folder / "worker0"), _weights(folder / "worker1")
     assert single.keys() == first.keys() == second.keys() and len(single) > 4
