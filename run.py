@@ -17,6 +17,7 @@ from omegaconf import DictConfig, open_dict
 from runner.cli import check_command_line
 from runner.config import register_configs
 from runner.core.errors import Interrupted, PlanError, TrackingError
+from runner.core.secrets import redact
 from runner.core.start import import_tensorflow
 from runner.launch import LAUNCH_ENV
 from runner.sweep.job import die_with_sweep, plan_sweep_job, run_isolated
@@ -73,7 +74,9 @@ def _one_job(cfg: DictConfig) -> None:
         if JOB_ENV in os.environ or LAUNCH_ENV in os.environ:  # the sweep or the launch
             print(f"tfmemlab: {err}", flush=True)
         else:
-            print(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
+            print(
+                redact(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
+            )
         raise SystemExit(err.exit_code) from None
 
 
@@ -101,7 +104,10 @@ def main(cfg: DictConfig) -> None:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN and not in_child
     if multirun and _sweep_job(cfg):
         return
-    print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
+    print(
+        f"tfmemlab: job {redact(' '.join(HydraConfig.get().overrides.task)) or 'default'}",
+        flush=True,
+    )
     import_tensorflow()
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         _in_sweep(cfg)
