@@ -22,7 +22,8 @@ MASK = "***"
 # A value this short would mask innocent text (a step number, a word) wherever it occurs.
 _MIN_SECRET = 4
 # scheme://userinfo@: the userinfo runs to the authority's last '@' (no '/', '?', '#', space).
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"@]*(?:@[^/?#\s'\"@]*)*@")
+# Hydra writes a sweep's overrides with ':' escaped (`http\://user\:pw@host\:5000`).
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*\\?://)[^/?#\s'\"@]*(?:@[^/?#\s'\"@]*)*@")
 
 
 def strip_userinfo(uri: str) -> str:
@@ -93,17 +94,21 @@ def scrub_files(folder: Path, names: tuple[str, ...] = HYDRA_FILES) -> None:
                 path.write_text(clean)
 
 
-class RedactLog(logging.Filter):
-    """A logging filter that redacts each record's message: Hydra logs a sweep's overrides
-    (`#0 : mlflow.tracking_uri=http://user:pw@host ...`) before any job starts."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = redact(record.getMessage()), None
-        return True
-
-
 def redact_logs() -> None:
-    """Put RedactLog on the root logger's handlers (where Hydra's console and file go)."""
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactLog) for f in handler.filters):
-            handler.addFilter(RedactLog())
+    """Redact every log record from now on, as it is made: Hydra logs a sweep's overrides
+    (`#0 : mlflow.tracking_uri=http://user:pw@host ...`) and sets up its log handlers again
+    at each launch, so a filter on today's handlers would not last."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "redacts", False):
+        return
+
+    def redacted(*args, **kwargs) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            record.msg, record.args = redact(record.getMessage()), None
+        except (TypeError, ValueError):  # a malformed call: logging reports it as it would
+            pass
+        return record
+
+    redacted.redacts = True
+    logging.setLogRecordFactory(redacted)

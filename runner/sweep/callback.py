@@ -35,6 +35,7 @@ class SweepCallback(Callback):
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+        redact_logs()
         hydra_cfg = HydraConfig.get()
         if hydra_cfg.output_subdir is not None:
             scrub_files(Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir)
