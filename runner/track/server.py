@@ -3,6 +3,7 @@
 import os
 import sqlite3
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from runner.core.errors import TrackingError
 from runner.core.secrets import PASSWORD_ENV, USER_ENV, credentials, redact, strip_userinfo
@@ -49,6 +50,14 @@ def check_reachable(uri: str, timeout: float = SERVER_TIMEOUT_S) -> None:
             f"mlflow.tracking_uri={shown}: the server requires login (HTTP 401); set "
             f"{USER_ENV} and {PASSWORD_ENV}"
             + (" (the login given was refused)" if _login(uri) else "")
+        )
+    if answer.status_code == 403 and answer.text.startswith("Invalid Host header"):
+        # MLflow's security middleware: the name the client used is not in --allowed-hosts
+        # (by default localhost and private addresses only; a host name is refused).
+        raise TrackingError(
+            f"mlflow.tracking_uri={shown}: the server refuses requests addressed to "
+            f"'{urlsplit(uri).hostname}' (HTTP 403: Invalid Host header); start it with "
+            f"--allowed-hosts naming {urlsplit(uri).netloc.rpartition('@')[2]}"
         )
     if answer.status_code == 403:
         raise TrackingError(
