@@ -19,8 +19,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 SECRET_ENV = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 USER_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
 MASK = "***"
-# A value this short would mask innocent text (a step number, a word) wherever it occurs.
-_MIN_SECRET = 4
+# A shorter value would mask innocent text wherever it occurs (a password `train` would turn
+# every `data.train_samples` in run.json into `data.***_samples`); real tokens are longer.
+_MIN_SECRET = 8
 # scheme://userinfo@: the userinfo runs to the authority's last '@' (no '/', '?', '#', space).
 # Hydra writes a sweep's overrides with ':' escaped (`http\://user\:pw@host\:5000`).
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*\\?://)[^/?#\s'\"@]*(?:@[^/?#\s'\"@]*)*@")
