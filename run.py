@@ -25,6 +25,7 @@ from runner.core.errors import (
     ResumeError,
     TrackingError,
 )
+from runner.core.secrets import redact
 from runner.core.start import import_tensorflow
 from runner.launch import LAUNCH_ENV
 from runner.sweep.job import die_with_sweep, plan_sweep_job, run_isolated
@@ -92,7 +93,9 @@ def _one_job(cfg: DictConfig) -> None:
         if JOB_ENV in os.environ or LAUNCH_ENV in os.environ:  # the sweep or the launch
             print(f"tfmemlab: {err}", flush=True)
         else:
-            print(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
+            print(
+                redact(f"tfmemlab: {err}; go on with: python run.py trainer.resume={err.run_dir}")
+            )
         raise SystemExit(err.exit_code) from None
 
 
@@ -122,7 +125,10 @@ def main(cfg: DictConfig) -> None:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN and not in_child
     if multirun and _sweep_job(cfg):
         return
-    print(f"tfmemlab: job {' '.join(HydraConfig.get().overrides.task) or 'default'}", flush=True)
+    print(
+        f"tfmemlab: job {redact(' '.join(HydraConfig.get().overrides.task)) or 'default'}",
+        flush=True,
+    )
     import_tensorflow()
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         _in_sweep(cfg)

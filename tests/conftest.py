@@ -115,8 +115,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
-    """A real `mlflow server` on 127.0.0.1:port over a SQLite store in `folder`, answering."""
+def start_mlflow_server(folder: Path, port: int, admin_password: str | None = None):
+    """A real `mlflow server` on 127.0.0.1:port over a SQLite store in `folder`, answering.
+
+    admin_password: run MLflow's basic-auth app (`--app-name basic-auth`, user `admin`); it
+    keeps its users in basic_auth.db in its cwd (`folder`) and refuses to start without a
+    Flask secret key and an admin password (MLflow ships no default one)."""
+    auth = ["--app-name", "basic-auth"] if admin_password else []
+    auth_env = {
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "tfmemlab-test-key",
+        "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+    }
     server = subprocess.Popen(
         [
             sys.executable,
@@ -133,12 +142,18 @@ def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
             str(folder / "artifacts"),
             "--workers",
             "1",
+            *auth,
         ],
+        cwd=folder if admin_password else None,  # where basic-auth keeps its users
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: `mlflow server` starts uvicorn under it
         # Without MLflow's job runner (GenAI jobs): 8 more processes of ~235 MB each.
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        env={
+            **os.environ,
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            **(auth_env if admin_password else {}),
+        },
     )
     for _ in range(120):  # bounded wait for the server to answer
         try:

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from runner.core.secrets import redact
 from runner.measure.history import History
 from runner.report.layer_report import summary_lines
 from runner.report.pruning import pruning_summary
@@ -66,4 +67,4 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
     if command:
         lines.append(f"  open the UI: {command}")
     lines.append(f"  then: {url}")
-    return "\n".join(lines)
+    return redact("\n".join(lines))  # printed and the run's description: no login in it

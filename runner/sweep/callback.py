@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from runner.core.errors import BusyError
 from runner.core.lock import FolderLock
+from runner.core.secrets import redact, redact_logs, scrub_files
 from runner.report.sweep_plots import report_files
 from runner.sweep.state import PARENT_ENV, read_sweep_file, resume_command, write_sweep_file
 from runner.track import compare
@@ -32,8 +33,23 @@ from runner.track.client import client_for, experiment_id, ui_hint
 class SweepCallback(Callback):
     lock: FolderLock | None = None
 
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        """Hydra has written the command line into the job's folder (and the sweep's): take
+        any login out of those files before the job runs (issue 27)."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        redact_logs()
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.output_subdir is not None:
+            scrub_files(Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            scrub_files(Path(hydra_cfg.sweep.dir), ("multirun.yaml",))
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        redact_logs()  # Hydra logs each job's overrides as it launches it
         uri = config.mlflow.tracking_uri
+        shown = redact(uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         # The sweep folder is this process's until the sweep ends (runner/core/lock.py): a
         # second sweep.resume, or a sweep started in the same second, changes nothing.
@@ -51,17 +67,17 @@ class SweepCallback(Callback):
             except Exception:
                 raise SystemExit(
                     f"error: sweep.resume={sweep_dir}: its parent run {parent_id} is not in "
-                    f"{uri}; point MLFLOW_TRACKING_URI at the store the sweep logged to"
+                    f"{shown}; point MLFLOW_TRACKING_URI at the store the sweep logged to"
                 ) from None
             client.update_run(parent_id, status="RUNNING")
             if "stopped" in parent.data.tags:  # by a signal, the last time
                 client.delete_tag(parent_id, "stopped")
             client.set_tag(parent_id, "resumed", time.strftime("%Y-%m-%d %H:%M:%S"))
             os.environ[PARENT_ENV] = parent_id
-            print(f"tfmemlab: resuming sweep {parent_id} in {sweep_dir} -> {uri}", flush=True)
+            print(f"tfmemlab: resuming sweep {parent_id} in {sweep_dir} -> {shown}", flush=True)
             return
         experiment = experiment_id(client, config.mlflow.experiment, uri)
-        overrides = " ".join(config.hydra.overrides.task)
+        overrides = redact(" ".join(config.hydra.overrides.task))
         parent = client.create_run(
             experiment, run_name=f"sweep: {overrides}", tags={"sweep": "parent"}
         )
@@ -75,7 +91,7 @@ class SweepCallback(Callback):
             list(config.hydra.overrides.hydra),
         )
         print(
-            f"tfmemlab: sweep {parent.info.run_id} -> {uri}, experiment "
+            f"tfmemlab: sweep {parent.info.run_id} -> {shown}, experiment "
             f"'{config.mlflow.experiment}'"
         )
 

@@ -15,6 +15,8 @@ import os
 import time
 from pathlib import Path
 
+from runner.core.secrets import redact, redact_obj
+
 SWEEP_FILE = "sweep.json"
 KEY = "sweep.resume"
 PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by the sweep callback for the jobs of a sweep
@@ -38,7 +40,9 @@ def write_sweep_file(
         ],
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(record, indent=2))
+    # The store's URI without its login: a resumed sweep or a Ray worker takes it from
+    # MLFLOW_TRACKING_USERNAME/PASSWORD (issue 27).
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(redact_obj(record), indent=2))
 
 
 def read_sweep_file(sweep_dir: Path) -> dict:
@@ -53,7 +57,7 @@ def read_sweep_file(sweep_dir: Path) -> dict:
 
 
 def resume_command(sweep_dir: Path) -> str:
-    return f"python run.py -m {KEY}={sweep_dir}"
+    return redact(f"python run.py -m {KEY}={sweep_dir}")
 
 
 def sweep_of_job() -> dict | None:

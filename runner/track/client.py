@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from runner.core.errors import TrackingError
+from runner.core.secrets import move_login_to_env, redact
 from runner.track.server import REPAIR, remote, sqlite_path
 
 
@@ -41,6 +42,7 @@ def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str |
     """
     page = f"#/experiments/{experiment}/runs" + (f"/{run_id}" if run_id else "")
     page += "?workflowType=machine_learning"
+    uri = redact(uri)  # printed, and kept in the run's description: no login in it
     if uri.startswith(("http://", "https://")):
         return None, f"{uri.rstrip('/')}/{page}"
     return f"mlflow ui --backend-store-uri {uri}", f"http://127.0.0.1:5000/{page}"
@@ -79,6 +81,9 @@ def client_for(uri: str) -> MlflowClient:
         # leave a slow server time to answer; the user's own settings win.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+        # MLflow prints the URI it was given (`View run ... at: <uri>`): give it none with a
+        # password in it; the login goes where its client reads one.
+        return MlflowClient(tracking_uri=move_login_to_env(uri))
     db = sqlite_path(uri)
     if db is None:
         return MlflowClient(tracking_uri=uri)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.core.diskfull import disk_full
 from runner.core.errors import Interrupted
 from runner.core.process import pid_alive
+from runner.core.secrets import redact, redact_obj
 from runner.track.client import client_for, experiment_id
 from runner.track.server import check_reachable, sqlite_path
 from runner.track.tracker import PENDING, Tracker, flatten
@@ -154,7 +155,10 @@ def mlflow_run(
             tracker.flush()
             if not isinstance(err, Interrupted):
                 tracker.set_tags(
-                    {"error": f"{type(err).__name__}: {err}"[:5000], "failure": failure_kind(err)}
+                    {
+                        "error": redact(f"{type(err).__name__}: {err}")[:5000],
+                        "failure": failure_kind(err),
+                    }
                 )
         # A signal (Interrupted) or Ctrl-C is not the job's failure.
         stopped = isinstance(err, KeyboardInterrupt | Interrupted)
@@ -183,8 +187,9 @@ def _system_metrics(cfg: DictConfig, run_id: str):
 
 
 def log_config(tracker: Tracker, cfg: DictConfig, overrides: list[str]) -> None:
-    """The resolved config as params and as an artifact, plus the overrides that made it."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    """The resolved config as params and as an artifact, plus the overrides that made it; any
+    login in them (the tracking URI's, a secret variable's value) redacted."""
+    resolved = redact_obj(OmegaConf.to_container(cfg, resolve=True))
     tracker.log_params(flatten(resolved))
-    tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-    tracker.log_text("\n".join(overrides) + "\n", "overrides.txt")
+    tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
+    tracker.log_text(redact("\n".join(overrides) + "\n"), "overrides.txt")

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from runner.config import IMAGE_MODELS, validate
 from runner.core.errors import ConfigError
+from runner.core.secrets import redact
 from runner.core.start import quiet_python_logs
 from runner.measure import profile
 from runner.measure.history import History
@@ -209,7 +210,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
         cfg = _resumed_config(point, cfg)
     if cfg.accum == "auto":
         raise ConfigError("accum", "auto", "an integer here: runner.plan.auto decides it first")
-    run_name = cfg.mlflow.run_name or " ".join(overrides) or "default"
+    run_name = redact(cfg.mlflow.run_name or " ".join(overrides) or "default")
     if cfg.trainer.deterministic:  # process-wide: the ops that follow are deterministic
         tf.config.experimental.enable_op_determinism()
     keras.backend.clear_session()
@@ -251,7 +252,8 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
 def _say_if_lost(tracker, run_dir: Path) -> None:
     if tracker.lost is not None:
         print(
-            f"tfmemlab: the MLflow server stopped answering during this run ({tracker.lost}). "
+            f"tfmemlab: the MLflow server stopped answering during this run "
+            f"({redact(str(tracker.lost))}). "
             f"Its figures are in {run_dir / 'metrics.json'}, and what MLflow did not get in "
             f"{tracker.pending_path}; once the server is back, send them with:\n"
             f"  python -m runner.track.upload {run_dir}",

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.core.errors import ResumeError
 from runner.core.lock import FolderLock, check_free
+from runner.core.secrets import redact, redact_obj, strip_userinfo
 from runner.track.lifecycle import close_lost_run
 
 RUN_FILE = "run.json"
@@ -34,7 +35,7 @@ def job_key(overrides: list[str]) -> str:
     """The job a command line describes: its overrides, sorted, less those that do not change
     what is trained (trainer.resume, hydra.*)."""
     kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(NOT_THE_JOB))
-    return " ".join(kept) or "default"
+    return redact(" ".join(kept)) or "default"  # a tag and run.json's: no login in it
 
 
 @dataclass
@@ -56,7 +57,19 @@ def write_run_file(run_dir: Path, run_id: str, cfg: DictConfig, overrides: list[
         "pid": os.getpid(),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    (run_dir / RUN_FILE).write_text(json.dumps(record, indent=2))
+    # The store's URI without its login: a resume takes the login again (_store_uri).
+    (run_dir / RUN_FILE).write_text(json.dumps(redact_obj(record), indent=2))
+
+
+def _store_uri(saved: str, overrides: list[str]) -> str:
+    """The URI of the store a resumed run logged to (run.json's, without a login), with the
+    login of this command's own URI (an override, else MLFLOW_TRACKING_URI) if that points
+    at the same store; otherwise MLflow's client takes MLFLOW_TRACKING_USERNAME/PASSWORD."""
+    given = [o.partition("=")[2] for o in overrides if o.startswith("mlflow.tracking_uri=")]
+    for uri in [*given, os.environ.get("MLFLOW_TRACKING_URI", "")]:
+        if uri and strip_userinfo(uri) == saved:
+            return uri
+    return saved
 
 
 def run_lock(point: ResumePoint | None, resume: str | None, hydra_dir: str | None):
@@ -148,13 +161,14 @@ def locate(resume: str, overrides: list[str]) -> ResumePoint:
             " (give only trainer.resume=<run dir> to continue it as it was)"
         )
     config = OmegaConf.create(record["config"])
+    uri = config.mlflow.tracking_uri = _store_uri(record["tracking_uri"], overrides)
     done, total = _checkpointed_step(run_dir), config.trainer.max_steps
     if total is not None and done is not None and done >= total:
         raise ResumeError(
             f"trainer.resume={resume}: that run finished all its {total} optimizer steps; "
             "nothing is left to resume"
         )
-    return ResumePoint(run_dir, record["run_id"], record["tracking_uri"], record["job"], config)
+    return ResumePoint(run_dir, record["run_id"], uri, record["job"], config)
 
 
 def _not_resumable(run_dir: Path) -> str:
