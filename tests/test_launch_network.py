@@ -27,7 +27,7 @@ def _launch_folder(tmp_path: Path, uri: str) -> Path:
         run_dir = folder / f"worker{i}"
         (run_dir / "checkpoints").mkdir(parents=True)
         (run_dir / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
-        config = {"trainer": {"max_steps": 10}}
+        config = {"trainer": {"max_steps": 10}, "mlflow": {"tracking_uri": uri}}
         record = {"run_id": "0", "tracking_uri": uri, "job": "default", "config": config}
         (run_dir / "run.json").write_text(json.dumps(record))
     return folder

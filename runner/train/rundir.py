@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 from runner.core.errors import ResumeError
 from runner.core.lock import FolderLock, check_free
 from runner.core.secrets import redact, redact_obj, strip_userinfo
-from runner.track.lifecycle import close_lost_run
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
@@ -161,13 +160,15 @@ def locate(resume: str, overrides: list[str]) -> ResumePoint:
             " (give only trainer.resume=<run dir> to continue it as it was)"
         )
     config = OmegaConf.create(record["config"])
-    uri = config.mlflow.tracking_uri = _store_uri(record["tracking_uri"], overrides)
+    uri = _store_uri(record["tracking_uri"], overrides)
     done, total = _checkpointed_step(run_dir), config.trainer.max_steps
     if total is not None and done is not None and done >= total:
         raise ResumeError(
             f"trainer.resume={resume}: that run finished all its {total} optimizer steps; "
             "nothing is left to resume"
         )
+    if "mlflow" in config:  # the resumed job logs with this command's login
+        config.mlflow.tracking_uri = uri
     return ResumePoint(run_dir, record["run_id"], uri, record["job"], config)
 
 
@@ -190,6 +191,10 @@ def _not_resumable(run_dir: Path) -> str:
     else:
         uri, run_id = OmegaConf.load(hydra / "config.yaml").mlflow.tracking_uri, None
     given = [o for o in given if not o.lstrip("+~").startswith(NOT_THE_JOB)]
+    # MLflow only here: importing it starts threads, and runner.launch checks a command line
+    # before it moves into a namespace of its own, which needs a single-threaded process.
+    from runner.track.lifecycle import close_lost_run
+
     status = close_lost_run(uri, run_id, run_dir)
     if status == "FINISHED":
         return "the run there finished and wrote no checkpoint; nothing is left to resume"
