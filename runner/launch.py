@@ -32,6 +32,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from runner.core.lock import fresh_dir
 from runner.core.netns import IsolationError, enter_private_network
 
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
@@ -234,7 +235,8 @@ def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]], bool]:
     # Before the command line's check, which would try to reach a server.
     _refuse_a_network_store(_tracking_uri(overrides), args.allow_network)
     check_command_line(overrides)
-    folder = args.dir or Path("outputs") / "launch" / stamp.replace("_", "/")
+    # a folder of its own, though named by the second (runner/core/lock.py)
+    folder = args.dir or Path(fresh_dir(f"outputs/launch/{stamp.replace('_', '/')}"))
     commands = [worker_args(args.overrides, folder, i) for i in range(args.workers)]
     return folder, commands, args.allow_network
 

@@ -161,3 +161,23 @@ def test_a_second_sweep_resume_of_a_held_sweep_says_so_in_one_line_and_moves_not
     ]
     assert _files(sweep) == before
     assert not (tmp_path / "mlflow.db").exists()  # MLflow was not even opened
+
+
+def test_processes_started_in_the_same_second_each_get_a_folder_of_their_own(tmp_path):
+    # Hydra names run and sweep folders by the second (conf/config.yaml): the resolver gives
+    # a second process that asks for the same name its own folder, and one process the same
+    # answer every time it asks.
+    base = str(tmp_path / "outputs" / "runs" / "12-00-00")
+    code = (
+        "import sys; from runner.core.lock import fresh_dir; "
+        "print(fresh_dir(sys.argv[1]), fresh_dir(sys.argv[1]))"
+    )
+    answers = [
+        subprocess.run(
+            [sys.executable, "-c", code, base], cwd=REPO, capture_output=True, text=True
+        ).stdout.split()
+        for _ in range(3)
+    ]
+    assert [a[0] for a in answers] == [base, f"{base}-2", f"{base}-3"]
+    assert all(a[0] == a[1] for a in answers)
+    assert all(Path(a[0]).is_dir() for a in answers)

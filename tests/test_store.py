@@ -86,6 +86,8 @@ def test_three_runs_started_together_on_a_fresh_store_all_finish(tmp_path):
     assert [p.returncode for p in procs] == [0] * 3, "\n".join(e[-2000:] for _, e in outputs)
     runs = _runs(store)
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    # each in a folder of its own, though Hydra names folders by the second
+    assert len({r.data.tags["run_dir"] for r in runs}) == 3
 
 
 def _one_line_error(result) -> str:

@@ -20,6 +20,7 @@ from runner.config.schema import (
     TrainerConfig,
     TransformerConfig,
 )
+from runner.core.lock import fresh_dir
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -37,10 +38,13 @@ def _groups_help() -> str:
 def register_configs() -> None:
     """Store the schemas under the names the YAML defaults lists extend (base_<option>).
 
-    Also registers the `tfmemlab_groups` resolver used by --help: Hydra's own group list
-    would show the base_* schemas as if they were options.
+    Also registers the `tfmemlab_groups` resolver used by --help (Hydra's own group list
+    would show the base_* schemas as if they were options) and `tfmemlab_fresh_dir`, which
+    names the run and sweep folders.
     """
     OmegaConf.register_new_resolver("tfmemlab_groups", _groups_help, replace=True)
+    # A run's or sweep's folder of its own, though Hydra names it by the second
+    OmegaConf.register_new_resolver("tfmemlab_fresh_dir", fresh_dir, replace=True, use_cache=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, name, node in [

@@ -144,3 +144,26 @@ class FolderLock:
                 return
             with contextlib.suppress(OSError):
                 self._write(time.time())
+
+
+_CLAIMED: dict[str, str] = {}
+
+
+def fresh_dir(base: str) -> str:
+    """A folder named `base` (or `base-2`, `base-3`, ... when another process took it), made
+    by this call so that no one else has it: Hydra names a folder by the second, and runs or
+    sweeps started in the same second from one place would otherwise share one. The
+    `tfmemlab_fresh_dir` resolver in conf/config.yaml; one answer per `base` in a process
+    (Hydra resolves the name more than once, and copies the answer to its jobs)."""
+    if base in _CLAIMED:
+        return _CLAIMED[base]
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = base if n == 1 else f"{base}-{n}"
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        _CLAIMED[base] = path
+        return path
+    raise OSError(f"{base}: 10,000 folders of that name are taken")

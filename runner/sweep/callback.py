@@ -33,6 +33,12 @@ from runner.track.client import client_for, experiment_id, ui_hint
 class SweepCallback(Callback):
     lock: FolderLock | None = None
 
+    def __getstate__(self) -> dict:
+        """What a launcher (joblib, submitit, Ray) sends to its workers with each job: the
+        sweep folder's lock stays with the process that holds it (it cannot be pickled, and
+        only that process releases it at the sweep's end)."""
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         """Hydra has written the command line into the job's folder (and the sweep's): take
         any login out of those files before the job runs (issue 27)."""
