@@ -214,9 +214,9 @@ def _by_job(client: MlflowClient, parent: str) -> dict[str, list]:
 def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     sweep_dir = tmp_path / "sweep"
-    # 100 steps, a checkpoint every 5: after job 3's first checkpoint it has 95 steps to go
+    # 60 steps, a checkpoint every 5: after job 3's first checkpoint it has 55 steps to go
     # (seconds), ample for the kill to reach it mid-run.
-    steps = 100
+    steps = 60
     args = [
         "-m",
         "data.batch_size=4,128,8,12",  # job 2 (128: ~74 MiB) runs out of memory under 64
