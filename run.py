@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from runner.cli import check_command_line
-from runner.config import register_configs
+from runner.config import name_model, register_configs
 from runner.core.diskfull import disk_full
 from runner.core.errors import (
     BusyError,
@@ -121,6 +121,7 @@ def _in_sweep(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    name_model(cfg)  # a `_target_` model without a name: its target's (runner/config/model.py)
     in_child = JOB_ENV in os.environ  # already the fresh process of an isolated job
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN and not in_child
     if multirun and _sweep_job(cfg):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import keras
 from omegaconf import DictConfig
 
-from runner.config import IMAGE_MODELS, with_batch
+from runner.config import takes_images, with_batch
 from runner.core.errors import PlanError
 from runner.core.units import parse_bytes
 from runner.measure import estimate, flops
@@ -97,7 +97,7 @@ def device_info() -> tuple[bool, str]:
 
 def data_spec(cfg: DictConfig):
     """What the job's data looks like to its model (shapes, classes), without a batch."""
-    return build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
+    return build_data(with_batch(cfg, 1, 1), takes_images(cfg)).spec
 
 
 def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
