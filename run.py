@@ -21,6 +21,7 @@ from runner.core.errors import (
     BusyError,
     DiskFull,
     Interrupted,
+    ModelError,
     PlanError,
     ResumeError,
     TrackingError,
@@ -74,7 +75,7 @@ def _one_job(cfg: DictConfig) -> None:
 
     try:
         _train(cfg)
-    except (TrackingError, PlanError) as err:  # the store or the budget: no run to lose
+    except (TrackingError, PlanError, ModelError) as err:  # the store, the budget, the model
         raise SystemExit(f"error: {err}") from None
     except BusyError as err:  # another process has the run directory: nothing was changed
         print(f"error: {err}", file=sys.stderr)
