@@ -15,6 +15,7 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from models.common import is_graph
 from runner.config import name_model, takes_images, validate
 from runner.core.errors import ConfigError
 from runner.core.secrets import redact
@@ -110,6 +111,11 @@ def _profile(job: Job, built: Built, sources: dict) -> tuple[dict, list]:
     """profile.layers=true: the per-layer profile, after the run's own figures are taken;
     its figures are returned, its tags and artifacts logged here."""
     if not job.cfg.profile.layers:
+        return {}, []
+    if not is_graph(built.model):  # a subclassed model: its layers are not rows to time
+        why = "not profiled: a subclassed model's layers cannot be read as a graph"
+        print(f"tfmemlab: profile.layers: {why}", flush=True)
+        sources["layers/skipped"] = why
         return {}, []
     print("tfmemlab: profiling layer by layer, without XLA (profile.layers=true)", flush=True)
     figures, tags, table, roof = profile.profile_layers(
