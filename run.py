@@ -15,12 +15,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from runner.cli import check_command_line
-from runner.config import register_configs
+from runner.config import name_model, register_configs
 from runner.core.diskfull import disk_full
 from runner.core.errors import (
     BusyError,
     DiskFull,
     Interrupted,
+    ModelError,
     PlanError,
     ResumeError,
     TrackingError,
@@ -74,7 +75,7 @@ def _one_job(cfg: DictConfig) -> None:
 
     try:
         _train(cfg)
-    except (TrackingError, PlanError) as err:  # the store or the budget: no run to lose
+    except (TrackingError, PlanError, ModelError) as err:  # the store, the budget, the model
         raise SystemExit(f"error: {err}") from None
     except BusyError as err:  # another process has the run directory: nothing was changed
         print(f"error: {err}", file=sys.stderr)
@@ -121,6 +122,7 @@ def _in_sweep(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    name_model(cfg)  # a `_target_` model without a name: its target's (runner/config/model.py)
     in_child = JOB_ENV in os.environ  # already the fresh process of an isolated job
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN and not in_child
     if multirun and _sweep_job(cfg):

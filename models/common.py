@@ -77,3 +77,11 @@ class Sublayer(NamedTuple):
     variables: list
     flops: float | None = None
     extra_kept: int = 0
+
+
+def is_graph(model) -> bool:
+    """Whether `model` is a functional graph whose operations can be read (cut into segments,
+    walked by the estimate and the layer profile); a subclassed model's `call` cannot."""
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional)

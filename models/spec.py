@@ -42,6 +42,22 @@ EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + tuple(
 # [-1, -0.992], 3 distinct bfloat16 values (issue 13).
 RAW_PIXELS = (0.0, 255.0)
 SIGNED_UNIT = (-1.0, 1.0)
+# A model of the user's own (a `_target_` in its model YAML) takes [0, 1] pixels unless its
+# YAML says otherwise with `input_range: [low, high]` (docs/models.md).
+UNIT = (0.0, 1.0)
+
+# keras.applications' models, for `model=keras_app model.name=...` to be checked before
+# TensorFlow loads; tests/test_user_models.py compares it with keras.applications itself.
+KERAS_APPLICATIONS = (
+    "ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtSmall", "ConvNeXtTiny", "ConvNeXtXLarge",
+    "DenseNet121", "DenseNet169", "DenseNet201",
+    *(f"EfficientNetB{i}" for i in range(8)),
+    "EfficientNetV2B0", "EfficientNetV2B1", "EfficientNetV2B2", "EfficientNetV2B3",
+    "EfficientNetV2L", "EfficientNetV2M", "EfficientNetV2S",
+    "InceptionResNetV2", "InceptionV3", "MobileNet", "MobileNetV2", "MobileNetV3Large",
+    "MobileNetV3Small", "NASNetLarge", "NASNetMobile", "ResNet101", "ResNet101V2", "ResNet152",
+    "ResNet152V2", "ResNet50", "ResNet50V2", "VGG16", "VGG19", "Xception",
+)  # fmt: skip
 
 
 def input_range(model: str, version: str = "v2") -> tuple[float, float]:

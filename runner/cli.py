@@ -8,7 +8,9 @@ once per value of each swept key, with Hydra's own compose API and the real conf
 
 import itertools
 import sys
+from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -16,17 +18,48 @@ from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from runner.config import CONF_DIR, group_options, register_configs, validate
-from runner.core.errors import BusyError, ConfigError, ResumeError, TrackingError
+from runner.config import CONF_DIR, group_options, name_model, register_configs, validate
+from runner.config.store import search_path
+from runner.core.errors import BusyError, ConfigError, ModelError, ResumeError, TrackingError
 from runner.track.server import check_store
 from runner.train.rundir import locate
+
+# A user's --config-dir, and the search-path override that adds it, set per command line.
+_USER_DIRS: list[Path] = []
+_EXTRA: list[str] = []
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    return compose(config_name="config", overrides=[*overrides, *_EXTRA])
+
+
+def _check_yaml(config_dir: str) -> None:
+    """Every YAML file in a user's config folder parses: a malformed one is named, with its
+    line, before Hydra reports it over several lines."""
+    root = Path(config_dir)
+    if not root.is_dir():
+        raise SystemExit(f"error: --config-dir {config_dir}: no such directory")
+    for path in sorted(root.rglob("*.yaml")):
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else str(path)
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            context = getattr(err, "context_mark", None)
+            if context is not None and mark is not None and context.line != mark.line:
+                problem += f"; {err.context} from line {context.line + 1}"
+            raise SystemExit(f"error: {where}: malformed YAML ({problem})") from None
 
 
 def _explain(override: str, others: list[str], err: Exception) -> str:
     """Turn a Hydra/OmegaConf compose error into `key=value: problem; expected ...`."""
     key, _, value = override.partition("=")
     if isinstance(err, ConfigCompositionException) and (CONF_DIR / key).is_dir():
-        return f"{key}={value}: no such option; expected one of {', '.join(group_options(key))}"
+        options = group_options(key) + [
+            p.stem for d in _USER_DIRS for p in (d / key).glob("*.yaml")
+        ]
+        return f"{key}={value}: no such option; expected one of {', '.join(sorted(options))}"
     cause = err.__cause__ if err.__cause__ is not None else err
     if isinstance(cause, ConfigKeyError | ConfigAttributeError):
         return (
@@ -40,7 +73,7 @@ def _explain(override: str, others: list[str], err: Exception) -> str:
 
 def _sibling_keys(key: str, others: list[str]) -> list[str]:
     """Keys that exist beside a mistyped one, in the config the other overrides make."""
-    node = compose(config_name="config", overrides=others)
+    node = _compose(others)
     for part in key.lstrip("+~").split(".")[:-1]:
         node = node.get(part, {})
     return sorted(node.keys()) if hasattr(node, "keys") else []
@@ -48,14 +81,14 @@ def _sibling_keys(key: str, others: list[str]) -> list[str]:
 
 def _compose_checked(overrides: list[str]) -> DictConfig:
     try:
-        cfg = compose(config_name="config", overrides=overrides)
+        cfg = name_model(_compose(overrides))
     except (ConfigCompositionException, OmegaConfBaseException) as err:
         i = _find_culprit(overrides)
         others = overrides[:i] + overrides[i + 1 :]
         raise SystemExit(f"error: {_explain(overrides[i], others, err)}") from None
     try:
         validate(cfg)
-    except ConfigError as err:
+    except (ConfigError, ModelError) as err:
         raise SystemExit(f"error: {err}") from None
     return cfg
 
@@ -64,7 +97,7 @@ def _find_culprit(overrides: list[str]) -> int:
     """Index of the override that breaks composition (compose errors do not always name it)."""
     for i in range(len(overrides)):
         try:
-            compose(config_name="config", overrides=overrides[: i + 1])
+            _compose(overrides[: i + 1])
         except (ConfigCompositionException, OmegaConfBaseException):
             return i
     return len(overrides) - 1
@@ -96,9 +129,12 @@ def check_command_line(argv: list[str]) -> None:
         or args.info
         or args.config_name
         or args.config_path
-        or args.config_dir
     ):
         return  # Hydra answers these itself, or composes a config this check does not know
+    _EXTRA[:] = search_path(args.config_dir)
+    _USER_DIRS[:] = [Path(args.config_dir)] if args.config_dir else []
+    if args.config_dir:  # a user's own config folder (its model YAML, say) beside conf/
+        _check_yaml(args.config_dir)
     try:
         jobs = job_overrides(args.overrides)
     except OverrideParseException as err:

@@ -40,5 +40,8 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli(["--help"], cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
-    for line in ("model: efficientnet, mobilenet, transformer", "precision: bf16, fp32, mixed"):
+    for line in (
+        "model: efficientnet, keras_app, mobilenet, transformer",
+        "precision: bf16, fp32, mixed",
+    ):
         assert line in result.stdout

@@ -45,7 +45,9 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     validate(cfg)
     # The option extends its dataclass schema, so typos and wrong types fail at compose time.
     assert dataclasses.is_dataclass(OmegaConf.get_type(cfg[group]))
-    if group in ("model", "data", "precision"):
+    if (group, option) == ("model", "keras_app"):  # named after its application
+        assert cfg.model.name == "MobileNetV3Small"
+    elif group in ("model", "data", "precision"):
         assert cfg[group].name == option
 
 

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.cli import check_command_line, job_overrides
 from runner.config import CONF_DIR, register_configs
+from runner.config.store import search_path
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -103,6 +104,7 @@ def commands(page: Path) -> list[Quote]:
         parts = []
         for part in re.split(r"\s+&&\s+", strip_comment(text)):
             part = part.removesuffix("&").strip()  # a server started in the background
+            part = re.sub(r"^(\w+=\S+\s+)+", "", part)  # PYTHONPATH=examples python run.py
             for launcher in LAUNCHERS:
                 part = part.removeprefix(launcher)
             if part.startswith(("python run.py", "python -m ", "mlflow ")):
@@ -129,11 +131,15 @@ ALL_SESSIONS = [q for page in PAGES for q in sessions(page)]
 
 
 @cache
-def compose_job(overrides: tuple[str, ...]) -> DictConfig:
-    """One job's config with Hydra's own node, composed with the real conf/."""
+def compose_job(overrides: tuple[str, ...], config_dir: str | None = None) -> DictConfig:
+    """One job's config with Hydra's own node, composed with the real conf/ (and a user's
+    config folder, as `--config-dir`, relative to the repository, adds it)."""
     register_configs()
+    extra = search_path(REPO / config_dir) if config_dir else []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        return compose(
+            config_name="config", overrides=[*overrides, *extra], return_hydra_config=True
+        )
 
 
 def with_preset_sweep(overrides: list[str], cfg: DictConfig) -> list[str]:
@@ -157,16 +163,18 @@ def check_overrides(argv: list[str]) -> list[list[str]]:
         args = get_args_parser().parse_args(argv)  # Hydra's flags apart from the overrides
     except SystemExit:
         pytest.fail(f"Hydra's command line refuses {argv}")
-    if args.config_dir or args.config_path or args.config_name:
-        pytest.skip("composes a config folder of its own (--config-dir, --config-path)")
+    if args.config_path or args.config_name:
+        pytest.skip("composes a config folder of its own (--config-path, --config-name)")
+    if args.config_dir:
+        assert (REPO / args.config_dir).is_dir(), f"--config-dir {args.config_dir}: no folder"
     own = [o for o in args.overrides if o.lstrip("+~").startswith("hydra")]
     jobs = job_overrides(args.overrides)
     assert len(jobs) == 1 or args.multirun, "a key has several values: the command needs -m"
-    first = compose_job(tuple(jobs[0] + own))
+    first = compose_job(tuple(jobs[0] + own), args.config_dir)
     if args.multirun or first.hydra.mode == RunMode.MULTIRUN:  # -m, or a preset that sweeps
         jobs = job_overrides(with_preset_sweep(args.overrides, first))
     for job in jobs:
-        compose_job(tuple(job + own))
+        compose_job(tuple(job + own), args.config_dir)
     return jobs
 
 

@@ -2,6 +2,7 @@
 Hydra's types cannot express (validate). TensorFlow-free: bad input is answered before it loads.
 """
 
+from runner.config.model import name_model, takes_images
 from runner.config.schema import IMAGE_MODELS, MlflowConfig
 from runner.config.store import (
     CONF_DIR,
@@ -22,7 +23,9 @@ __all__ = [
     "check_pruning_steps",
     "compose_config",
     "group_options",
+    "name_model",
     "register_configs",
+    "takes_images",
     "validate",
     "with_batch",
     "with_option",

@@ -47,6 +47,18 @@ class EfficientNetConfig:
 
 
 @dataclass
+class KerasAppConfig:
+    """Any keras.applications model by name (models/keras_app.py): fed raw [0, 255] pixels, it
+    applies the application's own preprocess_input in front of itself."""
+
+    _target_: str = "models.keras_app.build_keras_app"
+    name: str = "MobileNetV3Small"
+    weights: str | None = None
+    input_kind: str = "image"
+    input_range: list[float] = field(default_factory=lambda: [0.0, 255.0])
+
+
+@dataclass
 class PrecisionConfig:
     name: str = "fp32"
     policy: str = "float32"
@@ -140,6 +152,9 @@ class TrainerConfig:
     checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: only on SIGTERM/SIGINT
     resume: str | None = None  # a run directory, or latest (the newest of the same job)
     deterministic: bool = False  # TensorFlow's op determinism: a resumed run ends bitwise equal
+    # Before each evaluation, BatchNorm statistics re-estimated on this many training
+    # micro-batches (runner/train/batchnorm.py); 0: evaluate with the moving averages.
+    bn_recalibrate: int = 0
     # The effective batch (micro-batch x accum) accum=auto and runner.plan reach; null:
     # data.batch_size x accum as given.
     effective_batch_size: int | None = None

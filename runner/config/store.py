@@ -6,6 +6,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from runner.config.model import name_model
 from runner.config.schema import (
     CheckpointingConfig,
     Config,
@@ -13,6 +14,7 @@ from runner.config.schema import (
     DistributionConfig,
     EfficientNetConfig,
     ImageFolderDataConfig,
+    KerasAppConfig,
     MobileNetConfig,
     PrecisionConfig,
     PruningConfig,
@@ -51,6 +53,7 @@ def register_configs() -> None:
         ("model", "base_transformer", TransformerConfig),
         ("model", "base_mobilenet", MobileNetConfig),
         ("model", "base_efficientnet", EfficientNetConfig),
+        ("model", "base_keras_app", KerasAppConfig),
         ("precision", "base_precision", PrecisionConfig),
         ("checkpointing", "base_checkpointing", CheckpointingConfig),
         ("pruning", "base_pruning", PruningConfig),
@@ -63,13 +66,22 @@ def register_configs() -> None:
         cs.store(group=group, name=name, node=node)
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The real conf/ composed with these overrides, outside a Hydra app (tests, benchmarks)."""
+def search_path(config_dir: str | Path | None) -> list[str]:
+    """The override that adds a user's config folder (`--config-dir`) to conf/'s search path."""
+    if config_dir is None:
+        return []
+    return [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
+
+
+def compose_config(overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:
+    """The real conf/ composed with these overrides, outside a Hydra app (tests, benchmarks);
+    config_dir: a user's config folder beside it, as `python run.py --config-dir DIR` adds."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        cfg = compose(config_name="config", overrides=[*overrides, *search_path(config_dir)])
+    return name_model(cfg)
 
 
 def with_batch(cfg: DictConfig, b: int, accum: int, **more) -> DictConfig:

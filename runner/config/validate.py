@@ -11,6 +11,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
+from runner.config.model import (
+    INPUT_KINDS,
+    KERAS_APP,
+    check_keras_app,
+    check_target,
+    is_target,
+    takes_images,
+)
 from runner.config.schema import (
     CHECKPOINTING_POLICIES,
     IMAGE_MODELS,
@@ -50,9 +58,27 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
+def _validate_target(m: DictConfig) -> None:
+    """A `_target_` model (runner/config/model.py): its builder found, its reserved keys sound."""
+    check_target(m._target_)
+    if m._target_ == KERAS_APP:
+        check_keras_app(m.get("name"))
+    kind = m.get("input_kind", "image")
+    _require(kind in INPUT_KINDS, "model.input_kind", kind, "image or tokens")
+    given = m.get("input_range")
+    ok = given is None or (
+        len(given) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in given)
+        and given[0] < given[1]
+    )
+    _require(ok, "model.input_range", given, "null or [low, high] with low < high")
+
+
 def _validate_model(cfg: DictConfig) -> None:
-    name = cfg.model.name
-    if name == "transformer":
+    name = cfg.model.get("name")
+    if is_target(cfg.model):
+        _validate_target(cfg.model)
+    elif name == "transformer":
         for key in ("model.h", "model.layers", "model.heads"):
             _check_min(cfg, key, 1)
         _require(
@@ -75,7 +101,7 @@ def _validate_model(cfg: DictConfig) -> None:
         _require(cfg.model.alpha > 0, "model.alpha", cfg.model.alpha, "a number > 0")
     elif name == "efficientnet":
         _check_choice(cfg, "model.variant", EFFICIENTNET_VARIANTS)
-    weights = cfg.model.weights
+    weights = cfg.model.get("weights")
     _require(
         weights is None or Path(weights).is_file(),
         "model.weights",
@@ -87,9 +113,10 @@ def _validate_model(cfg: DictConfig) -> None:
 def _validate_data(cfg: DictConfig) -> None:
     _check_min(cfg, "data.batch_size", 1)
     _check_min(cfg, "data.shuffle_buffer", 1)
-    if cfg.model.name in IMAGE_MODELS:
-        # keras.applications refuse inputs smaller than 32x32.
-        _check_min(cfg, "data.image_size", 32)
+    if takes_images(cfg):
+        # keras.applications refuse inputs smaller than 32x32; a model of one's own may not.
+        shipped = cfg.model.get("name") in IMAGE_MODELS or cfg.model.get("_target_") == KERAS_APP
+        _check_min(cfg, "data.image_size", 32 if shipped else 1)
     else:
         _check_min(cfg, "data.seq_len", 2)
     if cfg.data.name == "synthetic":
@@ -104,7 +131,7 @@ def _validate_data(cfg: DictConfig) -> None:
         )
         _check_min(cfg, "data.val_samples", 1)
     else:
-        if cfg.data.name == "digits" and cfg.model.name == "transformer":
+        if cfg.data.name == "digits" and not takes_images(cfg):
             _require(
                 cfg.data.seq_len == 64,
                 "data.seq_len",
@@ -117,6 +144,8 @@ def _validate_data(cfg: DictConfig) -> None:
             cfg.data.val_fraction,
             "a number in (0, 1)",
         )
+    if cfg.data.name == "image_folder" and is_target(cfg.model):
+        _require(takes_images(cfg), "model.input_kind", "tokens", "image for data=image_folder")
     if cfg.data.name == "image_folder":
         _require(
             Path(cfg.data.path).is_dir(),
@@ -146,6 +175,11 @@ def _validate_trainer(cfg: DictConfig) -> None:
         "auto, cpu, gpu or a device name like /GPU:1",
     )
     _check_min(cfg, "trainer.checkpoint_every", 0)
+    _check_min(cfg, "trainer.bn_recalibrate", 0)
+    if cfg.trainer.bn_recalibrate:  # runs the model outside the strategy's replicas
+        strategy = cfg.distribution.strategy
+        allowed = "0 with distribution.strategy=" + strategy
+        _require(strategy == "none", "trainer.bn_recalibrate", cfg.trainer.bn_recalibrate, allowed)
 
 
 def check_pruning_steps(pruning, total_steps: int) -> None:

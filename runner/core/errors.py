@@ -17,6 +17,11 @@ class ConfigError(ValueError):
         self.key, self.value, self.allowed = key, value, allowed
 
 
+class ModelError(ValueError):
+    """A model of the user's own (a `_target_` in its model YAML) cannot be built or does not
+    fit the data: `str(err)` is the one line shown to the user."""
+
+
 class PlanError(ValueError):
     """A memory budget cannot be met or read (runner.plan, accum=auto)."""
 

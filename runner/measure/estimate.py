@@ -12,6 +12,7 @@ import math
 import keras
 import tensorflow as tf
 
+from models.common import is_graph
 from runner.measure import layers, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo, segment_length
@@ -19,6 +20,10 @@ from runner.techniques.checkpointing import RematInfo, segment_length
 # Bytes of one activation element: the compute dtype of each policy (variables stay float32).
 ACTIVATION_BYTES = {"float32": 4, "mixed_float16": 2, "mixed_bfloat16": 2}
 CHECKPOINTING = ("none", "blocks", "sqrt", "every", "selective")
+NOT_MODELLED = (
+    "activations not modelled: a subclassed model's layers cannot be read as a graph, so the "
+    "estimate has only params, gradients, optimizer, accumulation and masks (no total)"
+)
 
 
 def is_cpu_xla(jit: bool, device_name: str) -> bool:
@@ -195,7 +200,9 @@ def _gradient_pairs(model, b: int, p: int) -> dict[str, int]:
 def estimate_memory(
     model, optimizer, cfg, spec, cpu_xla: bool = False, remat: RematInfo | None = None
 ) -> dict[str, int]:
-    """Bytes of each part training keeps at its peak, and their sum under "total".
+    """Bytes of each part training keeps at its peak, and their sum under "total". For a
+    subclassed model (not a graph) activations and workspace are not modelled: they are left
+    out and "total" is None (NOT_MODELLED says why).
 
     model: the model before checkpointing wrapped it; remat: what checkpointing.apply did.
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
@@ -211,6 +218,8 @@ def estimate_memory(
         activations, workspace = xla_memory.transformer_activations(cfg, spec, p)
     elif cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
+    elif not is_graph(model):  # a subclassed model's insides: no rule reaches them
+        activations, workspace = None, None
     else:
         activations, workspace = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo()
@@ -234,4 +243,6 @@ def estimate_memory(
         "activations": activations,
         "workspace": workspace,
     }
+    if activations is None:  # no total: a sum without the activations would read as one
+        return {**{k: v for k, v in parts.items() if v is not None}, "total": None}
     return {**parts, "total": sum(parts.values())}

@@ -17,7 +17,7 @@ from runner.config import with_batch
 from runner.core.errors import PlanError
 from runner.core.units import mib, size
 from runner.plan.line import CAP, Line, budget, divisors, target_batch
-from runner.plan.probe import estimate_apart, probe
+from runner.plan.probe import estimate_apart, measured_line, probe
 
 
 @dataclass
@@ -113,6 +113,9 @@ def auto(cfg: DictConfig, log=print) -> tuple[DictConfig, dict]:
     total, source = budget(cfg, bool(tf.config.list_physical_devices("GPU")))
     goal = Goal(target_batch(cfg), total, source, total * (1 - cfg.plan.margin))
     line = estimate_apart(cfg)
+    if line.per_sample is None:  # activations not modelled (a subclassed model): measure them
+        log("tfmemlab: accum=auto: the estimate does not model this model's activations; probing")
+        line, _ = measured_line(cfg, line, goal.effective)
     if line.fixed + (line.accumulation if goal.effective > 1 else 0) > goal.usable:
         raise _too_small(line, goal)
     guess = line.largest_fit(goal.effective, goal.usable) or 1

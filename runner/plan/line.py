@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import keras
 from omegaconf import DictConfig
 
-from runner.config import IMAGE_MODELS, with_batch
+from runner.config import takes_images, with_batch
 from runner.core.errors import PlanError
 from runner.core.units import parse_bytes
 from runner.measure import estimate, flops
@@ -76,7 +76,7 @@ class Line:
 
     fixed: float
     accumulation: float
-    per_sample: float
+    per_sample: float | None  # None: activations not modelled (a subclassed model): probe
     parts: dict = field(default_factory=dict)
 
     def peak(self, b: int, accum: int) -> float:
@@ -97,7 +97,7 @@ def device_info() -> tuple[bool, str]:
 
 def data_spec(cfg: DictConfig):
     """What the job's data looks like to its model (shapes, classes), without a batch."""
-    return build_data(with_batch(cfg, 1, 1), cfg.model.name in IMAGE_MODELS).spec
+    return build_data(with_batch(cfg, 1, 1), takes_images(cfg)).spec
 
 
 def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
@@ -121,6 +121,8 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
         model_flops = flops.model_flops_per_step(built, flops_cfg, spec)
         hardware = flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
     fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks")}
+    if one["total"] is None:  # a subclassed model: the probes measure what it keeps per example
+        return Line(sum(fixed.values()), two["accumulation"], None, fixed), hardware
     per_sample = (two["activations"] + two["workspace"]) - (one["activations"] + one["workspace"])
     line = Line(sum(fixed.values()), two["accumulation"], per_sample, fixed)
     return line, hardware

@@ -12,8 +12,9 @@ from dataclasses import asdict
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import with_batch
+from runner.core.errors import PlanError
 from runner.core.process import in_fresh_process
-from runner.plan.line import CAP, Line, data_spec, device_info, estimate_line
+from runner.plan.line import CAP, Line, data_spec, device_info, divisors, estimate_line
 from runner.train import pipeline
 
 PROBE_STEPS = 3
@@ -51,6 +52,25 @@ def _estimate_in_child(container: dict) -> dict:
 def estimate_apart(cfg: DictConfig) -> Line:
     """The estimate's line for cfg, computed in a fresh process."""
     return Line(**in_fresh_process(_estimate_in_child, OmegaConf.to_container(cfg)))
+
+
+def measured_line(cfg: DictConfig, line: Line, effective: int) -> tuple[Line, list]:
+    """The line through the measured peaks at about a quarter and half of the effective batch
+    (uncapped probes, accum 2 where the batch allows), for a job whose activations the
+    estimate cannot model (a subclassed model); with one size, the line through zero."""
+    below = [b for b in divisors(effective) if b <= max(1, effective // 2)]
+    sizes = sorted({below[len(below) // 2], below[-1]})
+    probes = [probe(cfg, b, effective // b, capped=False) for b in sizes]
+    measured = [(p["micro_batch"], p["peak_bytes"], p["accum"]) for p in probes if not p["oom"]]
+    if not measured:
+        raise PlanError(
+            f"the probes ran out of memory at micro-batch {', '.join(map(str, sizes))}, and the "
+            "estimate cannot model this model's activations; give a larger budget"
+        )
+    (b1, p1, k1), (b2, p2, _) = measured[0], measured[-1]
+    slope = (p2 - p1) / (b2 - b1) if b2 != b1 else p1 / b1
+    fixed = p1 - slope * b1 - (line.accumulation if k1 > 1 else 0)
+    return Line(fixed, line.accumulation, slope, line.parts), probes
 
 
 def probe(cfg: DictConfig, b: int, accum: int, capped: bool = True) -> dict:

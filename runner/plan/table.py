@@ -19,6 +19,7 @@ from runner.plan.line import (
     target_batch,
     time_factor,
 )
+from runner.plan.probe import measured_line
 from runner.train.optimizer import resolve_jit
 
 
@@ -73,9 +74,13 @@ def _supported(name: str, on_gpu: bool) -> bool:
 
 def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, float | None]:
     """One row of the table, and the FLOPs of fp32/none once they are known."""
+    note = ""
     try:
         line, hardware = estimate_line(cfg, spec, on_gpu, name)
-    except ValueError as err:  # a policy the model cannot take (no block boundaries)
+        if line.per_sample is None:  # activations not modelled (a subclassed model): measured
+            line, _ = measured_line(cfg, line, effective)
+            note = "activations not modelled: peak from probes"
+    except ValueError as err:  # a policy the model cannot take; probes out of memory
         p, c = cfg.precision.name, cfg.checkpointing.policy
         return Row(p, c, None, None, None, False, math.inf, "-", note=str(err)), base_flops
     if base_flops is None:  # the time ratios' reference: fp32, no checkpointing
@@ -94,6 +99,7 @@ def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, f
         b is not None,
         hardware / base_flops * factor,
         time_from,
+        note=note,
     )
     return row, base_flops
 

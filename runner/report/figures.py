@@ -65,9 +65,10 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
         "mem/peak_reserved_bytes": reserved,
         "mem/pool_grown_bytes": facts.mem.pool_grown,
         "mem/peak_rss_bytes": facts.mem.peak_rss(),
-        "mem/estimate_bytes": parts["total"],
-        "mem/measured_over_estimate": peak / parts["total"],
     }
+    if parts["total"] is not None:  # None: activations not modelled (estimate.NOT_MODELLED)
+        figures["mem/estimate_bytes"] = parts["total"]
+        figures["mem/measured_over_estimate"] = peak / parts["total"]
     figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
     return figures, reserved_source
 
@@ -110,6 +111,7 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
     if cfg.precision.loss_scaling:
         figures["precision/skipped_steps"] = history.skipped_steps
     sources = {
+        **({} if "mem/estimate_bytes" in memory else {"mem/estimate_note": estimate.NOT_MODELLED}),
         "mem/source": facts.mem.source,
         "mem/reserved_source": reserved_source,
         "speed/peak_source": peak_source,
@@ -130,10 +132,9 @@ def publish(
     fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in ("params", "gradients", "optimizer"))
     n = int(tags.get("mem/replicas_per_allocator", 1))  # logical CPUs share one allocator
     per = f", x {n} replicas" if n > 1 else ""
-    reference = {
-        f"estimate (all parts){per}": n * figures["mem/estimate_bytes"],
-        f"estimate: params + gradients + optimizer{per}": n * fixed,
-    }
+    reference = {f"estimate: params + gradients + optimizer{per}": n * fixed}
+    if "mem/estimate_bytes" in figures:  # not when activations are not modelled
+        reference = {f"estimate (all parts){per}": n * figures["mem/estimate_bytes"], **reference}
     with writing(run_dir / "memory_timeline.png"):
         png = timeline_png(
             history.step_peaks,

@@ -26,6 +26,12 @@ class Outcome:
     table: list[dict] = field(default_factory=list)  # the layer profile's rows, if any
 
 
+def _estimate(figures: dict) -> str:
+    if "mem/estimate_bytes" not in figures:  # a subclassed model (estimate.NOT_MODELLED)
+        return "estimate: activations not modelled"
+    return f"estimate {figures['mem/estimate_bytes'] / 2**20:.1f} MiB"
+
+
 def summary(cfg, tracker, outcome: Outcome) -> str:
     """The end-of-run summary: printed, and the run's description in the MLflow UI."""
     history, figures, sources = outcome.history, outcome.figures, outcome.sources
@@ -46,8 +52,7 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
     if "prune/sparsity" in figures:
         lines.append(pruning_summary(figures))
     lines.append(
-        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB (estimate "
-        f"{figures['mem/estimate_bytes'] / 2**20:.1f} MiB; "
+        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB ({_estimate(figures)}; "
         f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"
         f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
         f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "

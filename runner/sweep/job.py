@@ -36,9 +36,16 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     hydra_cfg = HydraConfig.get()
     task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
     name = cfg.mlflow.run_name or " ".join(task) or "default"
+    # A user's --config-dir (its model YAML, say) joins the child's search path as well.
+    user_dirs = [
+        s.path.removeprefix("file://")
+        for s in hydra_cfg.runtime.config_sources
+        if s.provider == "command-line" and s.schema == "file"
+    ]
     args = [
         sys.executable,
         str(RUN_PY),
+        *[arg for d in user_dirs for arg in ("--config-dir", d)],
         *task,
         # A plain run: a preset that sets hydra.mode=MULTIRUN (experiment=memory_study)
         # must not make the child sweep again.

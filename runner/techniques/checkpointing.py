@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 import keras
 import tensorflow as tf
 
+from models.common import is_graph
+from runner.core.errors import ModelError
+
 # Block names in keras.applications and models/transformer.py: block_3_expand (MobileNetV2),
 # expanded_conv_2_add (MobileNetV3, V2's first block), block2a_dwconv (EfficientNet), block_0.
 _BLOCK = re.compile(r"^(block_?\d+[a-z]?|expanded_conv(?:_\d+)?)(?:_|$)")
@@ -156,13 +159,20 @@ def apply(model: keras.Model, policy: str, every: int) -> tuple[keras.Model, Rem
     """The model with its blocks grouped into rematerialised segments, and what was done."""
     if policy == "none":
         return model, RematInfo()
+    if not is_graph(model):
+        raise ModelError(
+            f"checkpointing={policy}: model {model.name} is a subclassed keras.Model, whose "
+            "layers cannot be read as a graph to cut or recompute; no checkpointing policy "
+            "applies to it (use checkpointing=none, or build it as a functional model)"
+        )
     if policy == "selective":
         return selective(model)
     cuts = block_boundaries(model)
     if len(cuts) < 2:
-        raise ValueError(
+        raise ModelError(
             f"checkpointing={policy}: model {model.name} has no single-tensor block boundaries "
-            "to cut at; use checkpointing=none"
+            "to cut at (a model of one's own: name each block's layers block_<n>_..., "
+            "docs/models.md); use checkpointing=none"
         )
     k = segment_length(policy, len(cuts) - 1, every)
     edges = cuts[::k] if (len(cuts) - 1) % k == 0 else [*cuts[::k], cuts[-1]]
@@ -232,7 +242,7 @@ def selective(model: keras.Model) -> tuple[keras.Model, RematInfo]:
         return model, RematInfo("selective", len(blocks), 1, names, [b.name for b in blocks])
     chains = _cheap_chains(model)
     if not chains:
-        raise ValueError(
+        raise ModelError(
             f"checkpointing=selective: model {model.name} has neither attention blocks nor "
             "depthwise convolutions between normalizations to recompute; use checkpointing=none"
         )

@@ -157,11 +157,13 @@ def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict
     if strategy is None:
         return {}, {}
     local, n = history.steady_replica_peaks, len(strategy.extended.worker_devices)
+    estimated = figures.get("mem/estimate_bytes")  # None: activations not modelled
     if len(local) < n:  # this process's replicas share one allocator
-        ratio = figures["mem/peak_bytes"] / (n * figures["mem/estimate_bytes"])
         scope = f"all {n} replicas of this process (logical CPUs share one allocator)"
         tags = {"mem/peak_scope": scope, "mem/replicas_per_allocator": n}
-        return {"mem/measured_over_estimate": ratio}, tags
+        if estimated is None:
+            return {}, tags
+        return {"mem/measured_over_estimate": figures["mem/peak_bytes"] / (n * estimated)}, tags
     peaks = gather(strategy, local)
     out = {f"mem/peak_bytes_per_replica/{i}": p for i, p in enumerate(peaks)}
     # The workers' step times: the job goes at the pace of the slowest.
@@ -170,7 +172,8 @@ def replica_figures(strategy, history, figures: dict, chief: bool) -> tuple[dict
     if not chief:  # a worker's own metrics.json keeps its own peak
         return out, {"mem/peak_scope": "this worker's replicas' (each has its own allocator)"}
     out["mem/peak_bytes"] = max(peaks)
-    out["mem/measured_over_estimate"] = max(peaks) / figures["mem/estimate_bytes"]
+    if estimated is not None:
+        out["mem/measured_over_estimate"] = max(peaks) / estimated
     return out, {"mem/peak_scope": "the largest replica's (each has its own allocator)"}
 
 

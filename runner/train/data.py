@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from models.spec import DataSpec, input_range
+from models.spec import DataSpec
+from runner.config.model import pixel_range
 
 AUTOTUNE = tf.data.AUTOTUNE
 DIGITS_SEQ_LEN = 64  # 8x8 pixels, read as tokens by the transformer
@@ -55,7 +56,7 @@ def _token_table(vocab: int, length: int) -> np.ndarray:
 
 def _pixel_range(cfg: DictConfig) -> tuple[float, float]:
     """The pixel range cfg.model takes, known before the model is built."""
-    return input_range(cfg.model.name, cfg.model.get("version", "v2"))
+    return pixel_range(cfg)  # a `_target_` model's model.input_range, or its family's
 
 
 def _to_range(image: tf.Tensor, scale: float, pixel_range: tuple[float, float]) -> tf.Tensor:

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
+from runner.config.model import is_target
 from runner.core.errors import Interrupted
 from runner.techniques import checkpointing, distribution, precision, pruning
 from runner.techniques.checkpointing import RematInfo
@@ -24,6 +25,7 @@ from runner.train.checkpoint import TrainState
 from runner.train.data import Data
 from runner.train.optimizer import build_optimizer
 from runner.train.signals import StopOnSignal
+from runner.train.usermodel import build_target
 
 
 @dataclass
@@ -63,7 +65,10 @@ class Built:
 
 
 def build_model(m: DictConfig, spec) -> keras.Model:
-    """models/<name>.py's build_<name>(spec, **knobs); the knobs are the keys of cfg.model `m`."""
+    """models/<name>.py's build_<name>(spec, **knobs), the knobs the keys of cfg.model `m`; or,
+    when `m` has a `_target_`, what it names, checked against the data (usermodel.py)."""
+    if is_target(m):
+        return build_target(m, spec)
     builder = getattr(importlib.import_module(f"models.{m.name}"), f"build_{m.name}")
     return builder(spec, **{k: v for k, v in m.items() if k != "name"})
 

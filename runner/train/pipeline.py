@@ -15,7 +15,8 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from runner.config import IMAGE_MODELS, validate
+from models.common import is_graph
+from runner.config import name_model, takes_images, validate
 from runner.core.errors import ConfigError
 from runner.core.secrets import redact
 from runner.core.start import quiet_python_logs
@@ -30,7 +31,7 @@ from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
 from runner.track.lifecycle import log_config, mlflow_run
 from runner.track.tracker import WorkerTracker
-from runner.train import device, rundir
+from runner.train import batchnorm, device, rundir
 from runner.train.checkpoint import keep_restorable
 from runner.train.data import build_data
 from runner.train.faults import training_fault
@@ -50,17 +51,6 @@ def _run_dir(run_id: str) -> Path:
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
     return Path("outputs") / "runs" / run_id
-
-
-def _batchnorm_note(cfg: DictConfig) -> str | None:
-    if cfg.accum > 1 and cfg.model.name in IMAGE_MODELS:
-        return (
-            f"model={cfg.model.name} has BatchNorm, whose statistics update on every "
-            f"micro-batch of {cfg.data.batch_size}: accum={cfg.accum} matches a batch of "
-            f"{cfg.data.batch_size * cfg.accum} in its gradients, not in its BatchNorm "
-            "statistics."
-        )
-    return None
 
 
 def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Job:
@@ -95,7 +85,7 @@ def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
     )
     steps = Steps(
         train_step=step,
-        evaluate=lambda: evaluate(eval_step, built.data, cfg.trainer.eval_batches),
+        evaluate=lambda: _evaluate(cfg, built, eval_step),
         batches=distribution.feed(st, state.iterator, cfg.data.batch_size)
         if st
         else state.iterator,
@@ -108,10 +98,24 @@ def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
     return train(steps, job.tracker, mem, state)
 
 
+def _evaluate(cfg, built: Built, eval_step) -> dict:
+    """The validation figures; with trainer.bn_recalibrate=N, BatchNorm statistics first
+    re-estimated on N training micro-batches (runner/train/batchnorm.py)."""
+    if cfg.trainer.bn_recalibrate:
+        batches = iter(built.data.train)  # its own pass: the training order is left as it was
+        batchnorm.recalibrate(built.model, batches, cfg.trainer.bn_recalibrate)
+    return evaluate(eval_step, built.data, cfg.trainer.eval_batches)
+
+
 def _profile(job: Job, built: Built, sources: dict) -> tuple[dict, list]:
     """profile.layers=true: the per-layer profile, after the run's own figures are taken;
     its figures are returned, its tags and artifacts logged here."""
     if not job.cfg.profile.layers:
+        return {}, []
+    if not is_graph(built.model):  # a subclassed model: its layers are not rows to time
+        why = "not profiled: a subclassed model's layers cannot be read as a graph"
+        print(f"tfmemlab: profile.layers: {why}", flush=True)
+        sources["layers/skipped"] = why
         return {}, []
     print("tfmemlab: profiling layer by layer, without XLA (profile.layers=true)", flush=True)
     figures, tags, table, roof = profile.profile_layers(
@@ -124,14 +128,16 @@ def _profile(job: Job, built: Built, sources: dict) -> tuple[dict, list]:
     return figures, table
 
 
-def _job(job: Job) -> tuple[dict, dict, History, list]:
+def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     """Data, model, techniques, optimizer, the loop and the report, on the job's device (or
-    the replicas of its strategy); from the run directory's last checkpoint when resuming."""
+    the replicas of its strategy); from the run directory's last checkpoint when resuming.
+    BatchNorm's notes are added to `notes` (printed now, and in the summary)."""
     cfg, st, tracker = job.cfg, job.strategy, job.tracker
     mem = replica_memory(distribution.local_devices(st, job.device)) if st else Memory(job.device)
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
-    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, job.replicas)
+    data = build_data(cfg, takes_images(cfg), job.replicas)
     built = build(job, data)
+    _note(notes, batchnorm.accum_note(cfg, built.model))
     state = train_state(job, built)
     first = 1
     if job.resuming:
@@ -157,6 +163,8 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
         if fault is err:
             raise
         raise fault from None
+    updates = built.total_steps * cfg.accum  # micro-batches: BatchNorm updates once for each
+    _note(notes, batchnorm.short_run_note(cfg, built.model, updates))
     facts = report.RunFacts(
         built.model, built.optimizer, data.spec, history, build_peak, job.device_name, job.jit,
         built.remat, mem, job.replicas,
@@ -172,6 +180,12 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     figures.update(layer_figures)
     report.publish(tracker, figures, history, job.run_dir, tracker.run_name, sources)
     return figures, sources, history, table
+
+
+def _note(notes: list[str], note: str | None) -> None:
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+        notes.append(note)
 
 
 def _resumed_config(point: rundir.ResumePoint, cfg: DictConfig) -> DictConfig:
@@ -202,7 +216,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     tags: set on the new MLflow run (a sweep's job: runner.sweep.state.sweep_tags); plan:
     accum=auto's record (runner/plan/auto.py), logged with the run."""
     quiet_python_logs()
-    validate(cfg)
+    validate(name_model(cfg))
     overrides = _overrides()
     point = rundir.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
     if point is not None:
@@ -230,13 +244,12 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
             report.log_plan(tracker, plan, run_dir)
         job = _setup(cfg, tracker, run_dir, stop, point, overrides)
         stop.take_back()  # from TensorFlow's coordination service (multi_worker)
-        notes = [n for n in (_batchnorm_note(cfg), precision.note(cfg.precision, job.device)) if n]
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
+        notes: list[str] = []
+        _note(notes, precision.note(cfg.precision, job.device))
         # Under a strategy its scope places the variables and strategy.run the steps.
         where = tf.device(job.device) if job.strategy is None else contextlib.nullcontext()
         with precision.policy(cfg.precision), where:
-            figures, sources, history, table = _job(job)
+            figures, sources, history, table = _job(job, notes)
         seconds = time.perf_counter() - started
         shown = job.device
         if job.strategy is not None:
