@@ -19,6 +19,7 @@ from runner.config import register_configs
 from runner.core.diskfull import disk_full
 from runner.core.errors import (
     BusyError,
+    ConfigError,
     DiskFull,
     Interrupted,
     PlanError,
@@ -75,6 +76,8 @@ def _one_job(cfg: DictConfig) -> None:
     try:
         _train(cfg)
     except (TrackingError, PlanError) as err:  # the store or the budget: no run to lose
+        raise SystemExit(f"error: {err}") from None
+    except ConfigError as err:  # found when the data is built (a custom function's error): FAILED
         raise SystemExit(f"error: {err}") from None
     except BusyError as err:  # another process has the run directory: nothing was changed
         print(f"error: {err}", file=sys.stderr)

@@ -7,8 +7,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config.schema import (
+    ArraysDataConfig,
     CheckpointingConfig,
     Config,
+    CustomDataConfig,
     DigitsDataConfig,
     DistributionConfig,
     EfficientNetConfig,
@@ -17,6 +19,8 @@ from runner.config.schema import (
     PrecisionConfig,
     PruningConfig,
     SyntheticDataConfig,
+    TextDataConfig,
+    TFRecordDataConfig,
     TrainerConfig,
     TransformerConfig,
 )
@@ -58,6 +62,10 @@ def register_configs() -> None:
         ("data", "base_synthetic", SyntheticDataConfig),
         ("data", "base_digits", DigitsDataConfig),
         ("data", "base_image_folder", ImageFolderDataConfig),
+        ("data", "base_tfrecord", TFRecordDataConfig),
+        ("data", "base_arrays", ArraysDataConfig),
+        ("data", "base_text", TextDataConfig),
+        ("data", "base_custom", CustomDataConfig),
         ("trainer", "base_trainer", TrainerConfig),
     ]:
         cs.store(group=group, name=name, node=node)

@@ -130,7 +130,9 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     cfg, st, tracker = job.cfg, job.strategy, job.tracker
     mem = replica_memory(distribution.local_devices(st, job.device)) if st else Memory(job.device)
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
-    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, job.replicas)
+    # measure: the process's RSS growth over the data's setup (its first batch drawn), so a
+    # source held in memory is told from a streamed one (host/data_setup_rss_bytes)
+    data = build_data(cfg, cfg.model.name in IMAGE_MODELS, job.replicas, measure=True)
     built = build(job, data)
     state = train_state(job, built)
     first = 1
@@ -162,6 +164,7 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
         built.remat, mem, job.replicas,
     )  # fmt: skip
     figures, sources = report.collect(cfg, facts)
+    figures["host/data_setup_rss_bytes"] = data.setup_rss_bytes
     # A collective: every worker takes part, and the chief logs every replica's figures.
     chief = not isinstance(tracker, WorkerTracker)
     replica_figures, replica_tags = distribution.replica_figures(st, history, figures, chief)
