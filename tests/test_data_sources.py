@@ -2,6 +2,9 @@
 one-line errors, and the RSS growth of data setup (streamed vs in memory) in fresh processes."""
 
 import io
+import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -14,7 +17,7 @@ from models.spec import SIGNED_UNIT
 from runner.config import validate
 from runner.train.data import build_data
 from runner.train.pipeline import run
-from tests.conftest import TINY, TINY_TRAINER, compose_config
+from tests.conftest import REPO, TINY, TINY_TRAINER, compose_config
 
 CLASSES = 3
 SEQ = 8  # TINY transformer's data.seq_len
@@ -203,8 +206,7 @@ def not_pairs():
 def custom_module(tmp_path, monkeypatch):
     """tmp_path/userdata.py, importable as it would be from the current directory."""
     (tmp_path / "userdata.py").write_text(CUSTOM)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))  # as PYTHONPATH would (the cwd: test below)
     yield "userdata"
     sys.modules.pop("userdata", None)
 
@@ -230,3 +232,58 @@ def test_custom_images_reach_the_model_range(custom_module):
     xs, _ = next(iter(data.train))
     assert xs.shape == (4, 32, 32, 3)
     assert -1.0 <= float(tf.reduce_min(xs)) and float(tf.reduce_max(xs)) <= 1.0
+
+
+# --- host memory: streamed vs in memory, each measured in a fresh process ---------------------
+
+# A fresh process builds the data (after TensorFlow and tf.data have started, as in a run) and
+# prints build_data's RSS growth over the setup and its first batch.
+_MEASURE = """
+import json, sys
+import runner  # the environment TensorFlow needs, before it loads
+import tensorflow as tf
+from runner.config import compose_config
+from runner.train.data import build_data
+next(iter(tf.data.Dataset.range(8).map(lambda x: x + 1).batch(4)))
+print(build_data(compose_config(json.loads(sys.argv[1])), True, measure=True).setup_rss_bytes)
+"""
+RSS_IMAGES = 8192  # 32x32x3 bytes each: 24 MiB of pixels at 1x, 96 MiB at 4x
+
+
+def _setup_rss(overrides: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _MEASURE, json.dumps(overrides)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_tfrecord_setup_rss_stays_flat_as_the_file_grows_arrays_grow(tmp_path):
+    """Host memory of data setup at 1x and 4x the examples: TFRecord streams (its growth is
+    its buffers', <= 1.2x from 1x to 4x), arrays are held in memory (growth follows the file)."""
+    rng = np.random.default_rng(0)
+    pngs = [png(i, size=32) for i in range(64)]
+    common = ["model=mobilenet", "data.image_size=32", "data.batch_size=32",
+              "data.shuffle_buffer=256", "data.val_fraction=0.1"]  # fmt: skip
+    jobs = {}
+    for scale in (1, 4):
+        n = RSS_IMAGES * scale
+        records = write_records(tmp_path / f"{scale}.tfrecord", image_examples(n, pngs=pngs))
+        x = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+        npz = write_npz(tmp_path / f"{scale}.npz", x, np.arange(n) % CLASSES)
+        tfrecord = ["data=tfrecord", f"data.path={records}", f"data.num_classes={CLASSES}"]
+        jobs[("tfrecord", scale)] = _setup_rss([*common, *tfrecord])
+        jobs[("arrays", scale)] = _setup_rss([*common, "data=arrays", f"data.path={npz}"])
+    rss = {}
+    for key, proc in jobs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        rss[key] = int(out.split()[-1])
+    shown = {f"{source} {scale}x": round(v / 2**20, 1) for (source, scale), v in rss.items()}
+    print("data setup RSS growth (MiB):", shown)
+    assert rss[("tfrecord", 4)] <= 1.2 * rss[("tfrecord", 1)]
+    # Arrays: the 3x more pixels show, one copy of them (runner/train/sources.py).
+    assert rss[("arrays", 4)] - rss[("arrays", 1)] >= 0.8 * 3 * RSS_IMAGES * 3072
