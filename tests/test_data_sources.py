@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from models.spec import SIGNED_UNIT
-from runner.config import validate
+from runner.cli import check_command_line
+from runner.config import ConfigError, validate
 from runner.train.data import build_data
 from runner.train.pipeline import run
 from tests.conftest import REPO, TINY, TINY_TRAINER, compose_config
@@ -232,6 +233,84 @@ def test_custom_images_reach_the_model_range(custom_module):
     xs, _ = next(iter(data.train))
     assert xs.shape == (4, 32, 32, 3)
     assert -1.0 <= float(tf.reduce_min(xs)) and float(tf.reduce_max(xs)) <= 1.0
+
+
+# --- bad input: one line naming the key, the bad value and what is allowed -------------------
+
+
+@pytest.fixture
+def files(tmp_path, custom_module):
+    """One file of each kind, and the current directory where userdata.py is."""
+    write_records(tmp_path / "img.tfrecord", image_examples(4))
+    write_records(tmp_path / "tok.tfrecord", token_examples(4))
+    write_npz(tmp_path / "a.npz", np.zeros((4, SEQ), np.int32), np.zeros(4, np.int32))
+    (tmp_path / "t.txt").write_text("text " * 10)
+    return tmp_path
+
+
+MOBILENET = ["model=mobilenet", "data.image_size=32"]
+CHECKED = [  # (overrides, the start of the line, what it says is allowed)
+    (["data=tfrecord", "data.path={d}/none-*.tfrecord"], "data.path={d}/none-*.tfrecord",
+     "it matches no file"),
+    (["data=tfrecord", "data.path={d}/tok.tfrecord", "data.val_path={d}/v*.tfrecord"],
+     "data.val_path={d}/v*.tfrecord", "it matches no file"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord", "data.image_key=png",
+      "data.num_classes=3"], "data.image_key=png", "they hold image (bytes), label (int64)"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord"], "data.num_classes=0",
+     "the number of label classes (>= 2)"),
+    (["data=tfrecord", "data.path={d}/img.tfrecord"], "data.tokens_key=tokens",
+     "they hold image (bytes), label (int64)"),
+    (["data=tfrecord", "data.path={d}/tok.tfrecord", "data.seq_len=9"], "data.seq_len=9",
+     "at most 8"),
+    (["data=arrays", "data.path={d}/a.npz", "data.x_key=pixels"], "data.x_key=pixels",
+     "an array of {d}/a.npz: x, y"),
+    (["data=arrays", "data.path={d}/a.npz"], "data.seq_len=64", "8, the length of"),
+    ([*MOBILENET, "data=arrays", "data.path={d}/a.npz"], "data.x_key=x",
+     "images [N, H, W] or [N, H, W, 1|3]; it is [4, 8]"),
+    ([*MOBILENET, "data=text", "data.path={d}/t.txt"], "data=text", "model=transformer"),
+    (["data=text", "data.path={d}/t.txt", "data.seq_len=40"], "data.seq_len=40", "2 windows"),
+    (["data=custom", "data._target_=nosuchmodule.make"], "data._target_=nosuchmodule.make",
+     "in the current directory or on PYTHONPATH"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "start", "allowed"), CHECKED, ids=[c[1] for c in CHECKED])
+def test_bad_data_input_is_one_line_before_tensorflow(files, overrides, start, allowed):
+    """runner.cli's check, before TensorFlow and Hydra's app start (run.py prints it)."""
+    argv = [o.format(d=files) for o in overrides]
+    with pytest.raises(SystemExit) as exit_:
+        check_command_line(argv)
+    line = str(exit_.value.code)
+    assert "\n" not in line
+    assert line.startswith(f"error: {start.format(d=files)}: not allowed; expected"), line
+    assert allowed.format(d=files) in line, line
+
+
+def test_custom_target_is_found_in_the_current_directory(files, monkeypatch):
+    monkeypatch.chdir(files)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(files)])
+    validate(compose_config(["data=custom", "data._target_=userdata.tokens"]))
+
+
+BUILT = [  # what only the function can tell: found when the data is built
+    ("nosuch", "data._target_=userdata.nosuch", "(AttributeError: module 'userdata' has no"),
+    ("fails", "data._target_=userdata.fails",
+     "; it raised FileNotFoundError: no shard at /data/x-0001"),
+    ("not_a_dataset", "data._target_=userdata.not_a_dataset", "; it returned list"),
+    ("not_pairs", "data._target_=userdata.not_pairs", "; its training elements are TensorSpec("),
+    ("images", "data._target_=userdata.images", "with inputs integer tokens [seq_len]; they are"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fn", "start", "allowed"), BUILT, ids=[b[0] for b in BUILT])
+def test_custom_function_errors_are_one_line(custom_module, fn, start, allowed):
+    cfg = compose_config([*TINY["transformer"][:-1], "data=custom",
+                          f"data._target_={custom_module}.{fn}", "data.vocab_size=16"])  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        build_data(cfg, image_model=False)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{start}: not allowed; expected"), line
+    assert allowed in line, line
 
 
 # --- host memory: streamed vs in memory, each measured in a fresh process ---------------------
