@@ -105,7 +105,7 @@ def test_tfrecord_images_train_mobilenet(tmp_path, store):
     assert_trained(train(overrides), store)
 
 
-def test_tfrecord_tokens_train_transformer_with_val_files(tmp_path, store):
+def test_tfrecord_tokens_next_token_targets_and_val_files(tmp_path, store):
     write_records(tmp_path / "train.tfrecord", token_examples(40, key="ids"))
     write_records(tmp_path / "val.tfrecord", token_examples(6, key="ids"))
     overrides = tiny(
@@ -118,7 +118,7 @@ def test_tfrecord_tokens_train_transformer_with_val_files(tmp_path, store):
     np.testing.assert_array_equal(ys.numpy(), (xs.numpy() + 1) % 16)  # next-token targets
     assert data.train_size == 40 and data.spec.per_token and data.spec.vocab_size == 16
     assert sum(int(y.shape[0]) for _, y in data.val) == 6
-    assert_trained(train(overrides), store)
+    validate(compose_config(overrides))  # the same tiny transformer trains on data=text below
 
 
 def write_npz(path, x, y, **more) -> str:
@@ -126,28 +126,31 @@ def write_npz(path, x, y, **more) -> str:
     return str(path)
 
 
-def test_arrays_images_train_mobilenet(tmp_path, store):
+def test_arrays_images_in_the_model_range(tmp_path):
     rng = np.random.default_rng(0)
     y = np.arange(40) % CLASSES
     x = (rng.integers(0, 200, size=(40, 10, 10)) + 20 * y[:, None, None]).astype(np.uint8)
     path = write_npz(tmp_path / "d.npz", x, y)  # grey [N, H, W], made RGB and resized
-    overrides = tiny("mobilenet", store, "data=arrays", f"data.path={path}")
-    data = build_data(compose_config(overrides), image_model=True)
+    data = build_data(compose_config([*TINY["mobilenet"], "data.batch_size=4", "data=arrays",
+                                      f"data.path={path}"]), image_model=True)  # fmt: skip
     assert data.train_size == 32 and data.spec.num_classes == CLASSES  # largest label + 1
     xs, _ = next(iter(data.train))
-    assert xs.shape == (4, 32, 32, 3) and float(tf.reduce_max(xs)) <= 1.0
-    assert_trained(train(overrides), store)
+    assert xs.shape == (4, 32, 32, 3)
+    low, high = SIGNED_UNIT  # 20..239 of [0, 255] onto MobileNetV2's [-1, 1]
+    assert low < float(tf.reduce_min(xs)) < -0.8 and 0.8 < float(tf.reduce_max(xs)) < high
 
 
-def test_arrays_tokens_per_token_and_per_example(tmp_path):
+def test_arrays_tokens_train_transformer_per_token_and_per_example(tmp_path, store):
     x = np.array(token_examples_array(30))
     path = write_npz(tmp_path / "t.npz", x[:, :-1], x[:, 1:], labels=x[:, 0] % 4)
-    base = [*TINY["transformer"][:-1], "data.batch_size=4", "data=arrays", f"data.path={path}"]
-    data = build_data(compose_config(base), image_model=False)
+    overrides = tiny("transformer", store, "data=arrays", f"data.path={path}")
+    data = build_data(compose_config(overrides), image_model=False)
     xs, ys = next(iter(data.train))
     assert xs.shape == (4, SEQ) and ys.shape == (4, SEQ) and data.spec.per_token
     assert data.spec.vocab_size == 16 and data.spec.num_classes == 16
-    data = build_data(compose_config([*base, "data.y_key=labels"]), image_model=False)
+    np.testing.assert_array_equal(ys.numpy(), (xs.numpy() + 1) % 16)
+    assert_trained(train(overrides), store)
+    data = build_data(compose_config([*overrides, "data.y_key=labels"]), image_model=False)
     _, ys = next(iter(data.train))
     assert ys.shape == (4,) and not data.spec.per_token and data.spec.num_classes == 4
 
@@ -326,7 +329,7 @@ from runner.train.data import build_data
 next(iter(tf.data.Dataset.range(8).map(lambda x: x + 1).batch(4)))
 print(build_data(compose_config(json.loads(sys.argv[1])), True, measure=True).setup_rss_bytes)
 """
-RSS_IMAGES = 8192  # 32x32x3 bytes each: 24 MiB of pixels at 1x, 96 MiB at 4x
+RSS_IMAGES = 4096  # 32x32x3 bytes each: 12 MiB of pixels at 1x, 48 MiB at 4x
 
 
 def _setup_rss(overrides: list[str]) -> subprocess.Popen:
@@ -340,6 +343,7 @@ def _setup_rss(overrides: list[str]) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow  # four fresh processes, each starting TensorFlow: about 30-60 s
 def test_tfrecord_setup_rss_stays_flat_as_the_file_grows_arrays_grow(tmp_path):
     """Host memory of data setup at 1x and 4x the examples: TFRecord streams (its growth is
     its buffers', <= 1.2x from 1x to 4x), arrays are held in memory (growth follows the file)."""
@@ -366,3 +370,12 @@ def test_tfrecord_setup_rss_stays_flat_as_the_file_grows_arrays_grow(tmp_path):
     assert rss[("tfrecord", 4)] <= 1.2 * rss[("tfrecord", 1)]
     # Arrays: the 3x more pixels show, one copy of them (runner/train/sources.py).
     assert rss[("arrays", 4)] - rss[("arrays", 1)] >= 0.8 * 3 * RSS_IMAGES * 3072
+
+
+def test_every_kth_split_is_disjoint_and_complete():
+    from runner.train.sources import every_kth, split_every_kth
+
+    train, val = split_every_kth(tf.data.Dataset.range(12), 5)
+    assert list(val.as_numpy_iterator()) == [0, 5, 10]
+    assert list(train.as_numpy_iterator()) == [1, 2, 3, 4, 6, 7, 8, 9, 11]
+    assert every_kth(12, 0.2) == (5, 3) and every_kth(40, 0.3) == (3, 14)
