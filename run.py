@@ -19,6 +19,7 @@ from runner.config import name_model, register_configs
 from runner.core.diskfull import disk_full
 from runner.core.errors import (
     BusyError,
+    ConfigError,
     DiskFull,
     Interrupted,
     ModelError,
@@ -76,6 +77,8 @@ def _one_job(cfg: DictConfig) -> None:
     try:
         _train(cfg)
     except (TrackingError, PlanError, ModelError) as err:  # the store, the budget, the model
+        raise SystemExit(f"error: {err}") from None
+    except ConfigError as err:  # found when the data is built (a custom function's error): FAILED
         raise SystemExit(f"error: {err}") from None
     except BusyError as err:  # another process has the run directory: nothing was changed
         print(f"error: {err}", file=sys.stderr)

@@ -2,9 +2,11 @@
 is answered with one line, before TensorFlow is imported."""
 
 import dataclasses
+import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -33,12 +35,45 @@ def test_every_group_has_options():
     }
 
 
+def _varint(n: int) -> bytes:
+    out = b""
+    while n >= 0x80:
+        out, n = out + bytes([n & 0x7F | 0x80]), n >> 7
+    return out + bytes([n])
+
+
+def _field(number: int, body: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(body)) + body
+
+
+def _data_files(option: str, folder) -> list[str]:
+    """Files for the data options that read them (written without TensorFlow: a TFRecord of
+    one tf.train.Example of 65 tokens, its CRCs left 0, which the checks do not read)."""
+    if option == "tfrecord":
+        tokens = _field(1, b"".join(_varint(t % 100) for t in range(65)))  # Int64List, packed
+        entry = _field(1, b"tokens") + _field(2, _field(3, tokens))  # name, Feature.int64_list
+        example = _field(1, _field(1, entry))  # Example.features.feature
+        record = struct.pack("<Q", len(example)) + bytes(4) + example + bytes(4)
+        (folder / "t.tfrecord").write_bytes(record)
+        return [f"data.path={folder}/t.tfrecord"]
+    if option == "arrays":
+        np.savez(folder / "a.npz", x=np.zeros((4, 64), np.int32), y=np.zeros(4, np.int32))
+        return [f"data.path={folder}/a.npz"]
+    if option == "text":
+        (folder / "t.txt").write_text("some text " * 20)
+        return [f"data.path={folder}/t.txt"]
+    if option == "custom":
+        return ["data._target_=runner.config.compose_config"]  # a module that can be found
+    return []
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_validates(group, option, tmp_path):
     if group in ADDED_GROUPS:  # presets set keys of the other groups
         validate(compose_config([f"+{group}={option}"]))
         return
-    overrides = [f"{group}={option}"]
+    overrides = [f"{group}={option}", *_data_files(option, tmp_path)]
     if option == "image_folder":
         overrides += ["model=mobilenet", f"data.path={tmp_path}"]
     cfg = compose_config(overrides)

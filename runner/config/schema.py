@@ -134,6 +134,59 @@ class ImageFolderDataConfig(DataConfig):
 
 
 @dataclass
+class TFRecordDataConfig(DataConfig):
+    """TFRecord files of tf.train.Example records, streamed (docs/data.md)."""
+
+    name: str = "tfrecord"
+    path: str = MISSING  # a file or a glob of TFRecord files (uncompressed)
+    val_path: str | None = None  # a glob of validation files; null: every k-th record of path
+    val_fraction: float = 0.2  # without val_path: k = round(1 / val_fraction)
+    image_key: str = "image"  # CNNs: encoded PNG or JPEG bytes
+    label_key: str = "label"  # CNNs: an int64 class in 0..num_classes-1
+    tokens_key: str = "tokens"  # transformer: >= seq_len + 1 int64 tokens, next-token targets
+    num_classes: int = 0  # CNNs: the number of label classes (required, >= 2)
+    vocab_size: int = 256  # transformer: token ids 0..vocab_size-1
+    train_records: int | None = None  # records in path's files; null: counted (lengths only)
+
+
+@dataclass
+class ArraysDataConfig(DataConfig):
+    """Arrays x and y of an .npz file, loaded into memory (docs/data.md)."""
+
+    name: str = "arrays"
+    path: str = MISSING  # an .npz file
+    x_key: str = "x"  # images [N, H, W(, C)] or tokens [N, seq_len]
+    y_key: str = "y"  # labels [N], or per-token targets [N, seq_len]
+    val_fraction: float = 0.2
+    pixel_max: float = 255.0  # images: x spans [0, pixel_max]
+    num_classes: int | None = None  # null: the largest label + 1
+    vocab_size: int | None = None  # tokens; null: the largest token + 1
+
+
+@dataclass
+class TextDataConfig(DataConfig):
+    """A text file as byte-level tokens for language modelling, streamed (docs/data.md)."""
+
+    name: str = "text"
+    path: str = MISSING  # a text file (any bytes: the vocabulary is the 256 byte values)
+    val_fraction: float = 0.1  # the file's last windows
+
+
+@dataclass
+class CustomDataConfig(DataConfig):
+    """A user's function returning a tf.data.Dataset of (input, target) (docs/data.md)."""
+
+    name: str = "custom"
+    _target_: str = MISSING  # a dotted path, pkg.module.function
+    kwargs: dict[str, Any] = field(default_factory=dict)  # the function's arguments
+    val_fraction: float = 0.2  # when the function returns one dataset: every k-th element
+    train_records: int | None = None  # elements of its training split; null: counted
+    pixel_max: float = 255.0  # images: pixels span [0, pixel_max]
+    num_classes: int | None = None  # per-example targets: the classes (required)
+    vocab_size: int | None = None  # tokens: ids 0..vocab_size-1 (required)
+
+
+@dataclass
 class TrainerConfig:
     optimizer: str = "adam"
     lr: float = 1e-3

@@ -8,8 +8,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config.model import name_model
 from runner.config.schema import (
+    ArraysDataConfig,
     CheckpointingConfig,
     Config,
+    CustomDataConfig,
     DigitsDataConfig,
     DistributionConfig,
     EfficientNetConfig,
@@ -19,6 +21,8 @@ from runner.config.schema import (
     PrecisionConfig,
     PruningConfig,
     SyntheticDataConfig,
+    TextDataConfig,
+    TFRecordDataConfig,
     TrainerConfig,
     TransformerConfig,
 )
@@ -61,6 +65,10 @@ def register_configs() -> None:
         ("data", "base_synthetic", SyntheticDataConfig),
         ("data", "base_digits", DigitsDataConfig),
         ("data", "base_image_folder", ImageFolderDataConfig),
+        ("data", "base_tfrecord", TFRecordDataConfig),
+        ("data", "base_arrays", ArraysDataConfig),
+        ("data", "base_text", TextDataConfig),
+        ("data", "base_custom", CustomDataConfig),
         ("trainer", "base_trainer", TrainerConfig),
     ]:
         cs.store(group=group, name=name, node=node)

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
+from runner.config.data_checks import check_data_source
 from runner.config.model import (
     INPUT_KINDS,
     KERAS_APP,
@@ -94,7 +95,7 @@ def _validate_model(cfg: DictConfig) -> None:
             cfg.data.name != "image_folder",
             "data",
             cfg.data.name,
-            "token data for model=transformer (synthetic or digits)",
+            "token data for model=transformer (synthetic, digits, tfrecord, arrays, text, custom)",
         )
     elif name == "mobilenet":
         _check_choice(cfg, "model.version", MOBILENET_VERSIONS)
@@ -153,6 +154,7 @@ def _validate_data(cfg: DictConfig) -> None:
             cfg.data.path,
             "an existing directory with one sub-folder of images per class",
         )
+    check_data_source(cfg)
 
 
 def _validate_trainer(cfg: DictConfig) -> None:

@@ -59,6 +59,11 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
         f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
         f"{figures['speed/compile_s']:.1f} s"
     )
+    if "host/data_setup_rss_bytes" in figures:  # in memory or streamed: docs/data.md
+        lines.append(
+            f"  host: data setup (data={cfg.data.name}, to its first batch) process RSS "
+            f"+{figures['host/data_setup_rss_bytes'] / 2**20:.1f} MiB"
+        )
     if "mem/peak_scope" in sources:  # under tf.distribute; the estimate is one replica's
         lines.append(f"  peak of {sources['mem/peak_scope']}; the estimate is one replica's")
     if table:

@@ -1,35 +1,28 @@
 """tf.data pipelines: a source of examples -> shuffle -> parallel map -> batch -> prefetch.
 
-Each source (`synthetic`, `digits`, `image_folder`, named by `data.name`) gives raw
-examples, a `prepare` function run in the parallel map, and the `DataSpec` the model is
-built for. Images reach the model in the pixel range it takes (models.spec.input_range):
-[-1, 1] for MobileNetV2, raw [0, 255] for the models that rescale pixels themselves. The
-training pipeline yields micro-batches of `data.batch_size`; the train step
-(runner/techniques/accumulation.py) draws `accum` of them, one at a time, per optimizer step.
+Each source, named by `data.name`, gives a `Source` (runner/train/source.py): raw examples,
+a `prepare` function run in the parallel map, and the `DataSpec` the model is built for.
+The built-in ones are here (`synthetic`, `digits`, `image_folder`); a user's files and
+functions in runner/train/sources.py (`tfrecord`, `arrays`, `text`) and
+runner/train/custom.py (`custom`); docs/data.md is their contract. The training pipeline
+yields micro-batches of `data.batch_size`; the train step (runner/techniques/accumulation.py)
+draws `accum` of them, one at a time, per optimizer step.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import tensorflow as tf
 from omegaconf import DictConfig
 
 from models.spec import DataSpec
-from runner.config.model import pixel_range
+from runner.train import custom, sources
+from runner.train.source import Source, image_prepare, pixel_range, to_range
 
 AUTOTUNE = tf.data.AUTOTUNE
 DIGITS_SEQ_LEN = 64  # 8x8 pixels, read as tokens by the transformer
 DIGITS_VOCAB = 17  # pixel intensities 0..16
-
-
-@dataclass
-class Source:
-    train: tf.data.Dataset  # raw examples
-    val: tf.data.Dataset
-    prepare: Callable  # raw example -> (input, target), run in the parallel map
-    spec: DataSpec
-    train_size: int
 
 
 @dataclass
@@ -39,6 +32,10 @@ class Data:
     spec: DataSpec
     train_size: int
     steps_per_epoch: int  # optimizer steps per pass over the training split
+    # The process's resident-memory growth over building these pipelines and drawing a first
+    # training batch (build_data(measure=True); 0 when not measured): data held in memory
+    # shows here, a streamed source's shuffle and prefetch buffers only.
+    setup_rss_bytes: int = 0
 
 
 def _token_table(vocab: int, length: int) -> np.ndarray:
@@ -54,17 +51,6 @@ def _token_table(vocab: int, length: int) -> np.ndarray:
     return table
 
 
-def _pixel_range(cfg: DictConfig) -> tuple[float, float]:
-    """The pixel range cfg.model takes, known before the model is built."""
-    return pixel_range(cfg)  # a `_target_` model's model.input_range, or its family's
-
-
-def _to_range(image: tf.Tensor, scale: float, pixel_range: tuple[float, float]) -> tf.Tensor:
-    """Pixels of [0, scale] mapped linearly onto `pixel_range` (exactly when it is [0, scale])."""
-    low, high = pixel_range
-    return image * ((high - low) / scale) + low
-
-
 def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     """Generated examples: the index of each example seeds its content (stateless, repeatable)."""
     d = cfg.data
@@ -75,7 +61,7 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
         templates = tf.constant(
             np.random.default_rng(seed).normal(size=(d.num_classes, *shape)), dtype=tf.float32
         )
-        pixels = _pixel_range(cfg)
+        pixels = pixel_range(cfg)
 
         def prepare(index):
             pair = tf.stack([tf.constant(seed, tf.int64), index])
@@ -84,7 +70,7 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
             # Intensities in [0, 1] like a real image's (mid-grey, template under noise,
             # about 3 standard deviations to black and white), then the model's pixel range.
             image = 0.5 + 0.15 * (0.5 * tf.gather(templates, label) + noise)
-            return _to_range(tf.clip_by_value(image, 0.0, 1.0), 1.0, pixels), label
+            return to_range(tf.clip_by_value(image, 0.0, 1.0), 1.0, pixels), label
 
         spec = DataSpec("image", shape, d.num_classes)
     else:
@@ -102,18 +88,6 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     return Source(train, val, prepare, spec, d.train_samples)
 
 
-def _image_prepare(size: int, scale: float, pixel_range: tuple[float, float]) -> Callable:
-    """Raw pixels of [0, scale] -> size x size x 3 in the model's `pixel_range`."""
-
-    def prepare(image, label):
-        image = tf.image.resize(tf.cast(image, tf.float32), (size, size))
-        if image.shape[-1] == 1:
-            image = tf.image.grayscale_to_rgb(image)
-        return _to_range(image, scale, pixel_range), tf.cast(label, tf.int32)
-
-    return prepare
-
-
 def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     """scikit-learn's bundled handwritten digits, split train/val by a seeded permutation."""
     from sklearn.datasets import load_digits
@@ -124,7 +98,7 @@ def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     labels = bunch.target.astype(np.int32)
     if image_model:
         examples = bunch.images.astype(np.float32)[..., None]  # [N, 8, 8, 1], 0..16
-        prepare = _image_prepare(cfg.data.image_size, 16.0, _pixel_range(cfg))
+        prepare = image_prepare(cfg.data.image_size, 16.0, pixel_range(cfg))
         spec = DataSpec("image", (cfg.data.image_size, cfg.data.image_size, 3), 10)
     else:
         examples = bunch.images.reshape(len(labels), DIGITS_SEQ_LEN).astype(np.int32)
@@ -154,18 +128,38 @@ def image_folder(cfg: DictConfig, image_model: bool, seed: int) -> Source:
         subset="both",
     )
     spec = DataSpec("image", (size, size, 3), len(train.class_names))
-    prepare = _image_prepare(size, 255.0, _pixel_range(cfg))
+    prepare = image_prepare(size, 255.0, pixel_range(cfg))
     return Source(train, val, prepare, spec, int(train.cardinality()))
 
 
-SOURCES = {"synthetic": synthetic, "digits": digits, "image_folder": image_folder}
+SOURCES = {
+    "synthetic": synthetic,
+    "digits": digits,
+    "image_folder": image_folder,
+    "tfrecord": sources.tfrecord,
+    "arrays": sources.arrays,
+    "text": sources.text,
+    "custom": custom.custom,
+}
 
 
-def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1) -> Data:
+def _train_pipeline(source: Source, buffer: int, seed: int, batch: int) -> tf.data.Dataset:
+    return (
+        source.train.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .map(source.prepare, num_parallel_calls=AUTOTUNE)
+        .batch(batch, drop_remainder=True)
+        .prefetch(AUTOTUNE)
+    )
+
+
+def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1, measure=False) -> Data:
     """The training and validation pipelines for `cfg.data`; an epoch is `steps_per_epoch`
     optimizer steps of `cfg.accum` micro-batches each. With `replicas` > 1 the training
     micro-batches are global, data.batch_size x replicas (runner/techniques/distribution.py
-    gives each replica its part)."""
+    gives each replica its part). measure: draw a first batch and record the process's RSS
+    growth (Data.setup_rss_bytes)."""
+    rss_before = psutil.Process().memory_info().rss
     seed, accum = cfg.trainer.seed, cfg.accum
     batch = cfg.data.batch_size * replicas
     source = SOURCES[cfg.data.name](cfg, image_model, seed)
@@ -177,13 +171,13 @@ def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1) -> Data:
             f"{batch * accum} training examples, data={cfg.data.name} has {source.train_size}"
         )
     buffer = min(cfg.data.shuffle_buffer, source.train_size)
-    train = (
-        source.train.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        .repeat()
-        .map(source.prepare, num_parallel_calls=AUTOTUNE)
-        .batch(batch, drop_remainder=True)
-        .prefetch(AUTOTUNE)
-    )
+    train = _train_pipeline(source, buffer, seed, batch)
     val = source.val.map(source.prepare, num_parallel_calls=AUTOTUNE)
     val = val.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
-    return Data(train, val, source.spec, source.train_size, steps_per_epoch)
+    data = Data(train, val, source.spec, source.train_size, steps_per_epoch)
+    if measure:
+        # From a twin of the training pipeline: a second iterator of `train` itself would
+        # advance its shuffle's seed state and change the order training sees.
+        next(iter(_train_pipeline(source, buffer, seed, batch)))
+        data.setup_rss_bytes = psutil.Process().memory_info().rss - rss_before
+    return data

@@ -135,7 +135,9 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     cfg, st, tracker = job.cfg, job.strategy, job.tracker
     mem = replica_memory(distribution.local_devices(st, job.device)) if st else Memory(job.device)
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
-    data = build_data(cfg, takes_images(cfg), job.replicas)
+    # measure: the process's RSS growth over the data's setup (its first batch drawn), so a
+    # source held in memory is told from a streamed one (host/data_setup_rss_bytes)
+    data = build_data(cfg, takes_images(cfg), job.replicas, measure=True)
     built = build(job, data)
     _note(notes, batchnorm.accum_note(cfg, built.model))
     state = train_state(job, built)
@@ -170,6 +172,7 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
         built.remat, mem, job.replicas,
     )  # fmt: skip
     figures, sources = report.collect(cfg, facts)
+    figures["host/data_setup_rss_bytes"] = data.setup_rss_bytes
     # A collective: every worker takes part, and the chief logs every replica's figures.
     chief = not isinstance(tracker, WorkerTracker)
     replica_figures, replica_tags = distribution.replica_figures(st, history, figures, chief)
