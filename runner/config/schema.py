@@ -140,6 +140,7 @@ class TrainerConfig:
     checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: only on SIGTERM/SIGINT
     resume: str | None = None  # a run directory, or latest (the newest of the same job)
     deterministic: bool = False  # TensorFlow's op determinism: a resumed run ends bitwise equal
+    save_model: bool = True  # the trained model kept: <run dir>/model.keras, an MLflow logged model
     # The effective batch (micro-batch x accum) accum=auto and runner.plan reach; null:
     # data.batch_size x accum as given.
     effective_batch_size: int | None = None

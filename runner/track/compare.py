@@ -52,7 +52,7 @@ CHOICES = {
 }
 # Params that follow from others, or that say where a run went rather than what it did.
 NOT_IN_LABELS = ("effective_batch_size", "params_total", "total_steps", "remat/policy")
-NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress")
+NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress", "trainer.save_model")
 
 
 def sweep_runs(client: MlflowClient, parent_id: str) -> list[Run]:

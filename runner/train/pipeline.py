@@ -28,7 +28,10 @@ from runner.report import pruning as pruning_report
 from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
+from runner.track.datasets import log_datasets
 from runner.track.lifecycle import log_config, mlflow_run
+from runner.track.model import input_example, keep_model
+from runner.track.source import source_tags
 from runner.track.tracker import WorkerTracker
 from runner.train import device, rundir
 from runner.train.checkpoint import keep_restorable
@@ -68,7 +71,7 @@ def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Jo
     resumed run (a resume point) has its config logged already."""
     if point is None:
         log_config(tracker, cfg, overrides)
-    tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
+    tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__, **source_tags()})
     gpus = device.setup()
     strategy = distribution.make_strategy(cfg.distribution, gpus)  # before any op runs
     dev = device.resolve(cfg.trainer.device, gpus)
@@ -132,7 +135,9 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
     data = build_data(cfg, cfg.model.name in IMAGE_MODELS, job.replicas)
     built = build(job, data)
-    state = train_state(job, built)
+    state = train_state(job, built)  # the training iterator first: a shuffled split's next
+    if not job.resuming:  # iterator draws another order, and the digests draw one each
+        log_datasets(tracker, cfg.data, {"train": data.train, "val": data.val})
     first = 1
     if job.resuming:
         first = state.restore() + 1
@@ -171,6 +176,9 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     layer_figures, table = _profile(job, built, sources)
     figures.update(layer_figures)
     report.publish(tracker, figures, history, job.run_dir, tracker.run_name, sources)
+    if cfg.trainer.get("save_model", True):  # after the last step; not on failure or signal
+        example = input_example(data.val)
+        keep_model(tracker, built.model, job.run_dir, example, built.total_steps)
     return figures, sources, history, table
 
 
