@@ -43,9 +43,11 @@ def runs(tmp_path_factory, _empty_store):
         "other": [*PRUNED[1:], "trainer.jit_compile=false", "trainer.seed=1"],
     }
     out = {}
-    for name, extra in jobs.items():
-        cfg = compose_config([*tiny_overrides("transformer", store), *extra])
-        out[name] = (cfg, run(cfg))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # outside Hydra the run directory is ./outputs/runs/<run id>
+        for name, extra in jobs.items():
+            cfg = compose_config([*tiny_overrides("transformer", store), *extra])
+            out[name] = (cfg, run(cfg))
     return store, out
 
 
@@ -164,6 +166,19 @@ def test_comparison_links_each_jobs_model(runs, tmp_path):
     markdown = compare.write_markdown(rows, tmp_path / "comparison.md").read_text()
     assert rows[0]["model"] in markdown
     assert "models:/" not in compare.text(rows)  # the terminal's table stays narrow
+
+
+def test_a_failed_run_keeps_no_model(tiny_cfg, store, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_cfg("transformer", *KEEP, "trainer.max_steps=50", "trainer.optimizer=sgd")
+    cfg.trainer.lr = 1e12  # diverges within a few steps: FloatingPointError
+    with pytest.raises(FloatingPointError):
+        run(cfg)
+    client = MlflowClient(store)
+    (failed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert failed.info.status == "FAILED" and "model_uri" not in failed.data.tags
+    assert not (_run_dir(client, failed.info.run_id) / FILE).exists()
+    assert not client.search_logged_models([failed.info.experiment_id])
 
 
 def test_no_git_and_non_chief_workers_log_nothing(tmp_path):
