@@ -21,7 +21,7 @@ from runner.track import compare
 from runner.track.datasets import log_datasets
 from runner.track.model import FILE, custom_objects, keep_model, load
 from runner.track.source import source_tags
-from runner.track.tracker import WorkerTracker
+from runner.track.tracker import PENDING, Tracker, WorkerTracker
 from runner.train import run
 from runner.train.data import build_data
 from tests.conftest import REPO, tiny_overrides
@@ -189,3 +189,20 @@ def test_no_git_and_non_chief_workers_log_nothing(tmp_path):
     assert keep_model(worker, model, tmp_path / "run", np.zeros((2, 4), "float32"), 3) is None
     assert not (tmp_path / "run").exists()
     assert log_datasets(worker, compose_config([]).data, {}) == {}
+
+
+def test_a_lost_server_keeps_the_model_file_and_training_goes_on(tmp_path):
+    """A server that stops answering while the model is logged: the file stays, the run goes
+    on (the call is noted in the pending file, as every call after a loss is)."""
+    client = MlflowClient("http://127.0.0.1:9")  # remote: the tracker keeps what it cannot send
+    tracker = Tracker(client, "run", "0", "lost", pending=tmp_path / PENDING)
+
+    def unanswered() -> str:
+        raise ConnectionError("no answer")
+
+    assert tracker.log_model(unanswered) is None and tracker.lost is not None
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    example = np.zeros((2, 4), "float32")
+    assert keep_model(tracker, model, tmp_path / "run", example, 3) is None
+    assert (tmp_path / "run" / FILE).is_file()
+    assert "in the run directory only" in (tmp_path / PENDING).read_text()

@@ -97,12 +97,12 @@ def dataset_input(data: DictConfig, name: str, split: tf.data.Dataset) -> Datase
 
 
 def log_datasets(tracker: Tracker, data: DictConfig, splits: dict[str, tf.data.Dataset]) -> dict:
-    """Log each split as a run input (the chief only; not while the server is lost); returns
-    {split: digest}, also set as tags data/<split>_digest."""
-    if isinstance(tracker, WorkerTracker) or tracker.lost is not None:
+    """Log each split as a run input (the chief only; while the server is lost, the digests
+    only, as tags); returns {split: digest}, also set as tags data/<split>_digest."""
+    if isinstance(tracker, WorkerTracker):
         return {}
     inputs = [dataset_input(data, name, split) for name, split in splits.items()]
     digests = {name: i.dataset.digest for name, i in zip(splits, inputs, strict=True)}
-    tracker.client.log_inputs(tracker.run_id, datasets=inputs)
+    tracker.log_inputs(inputs)
     tracker.set_tags({f"data/{name}_digest": d for name, d in digests.items()})
     return digests

@@ -106,10 +106,9 @@ def keep_model(
         )
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(folder / "data" / "model.keras", run_dir / FILE)
-        if tracker.lost is not None:
-            return None
-        uri = _log(tracker, folder, step)
-    tracker.set_tags({"model_uri": uri})
+        uri = tracker.log_model(lambda: _log(tracker, folder, step))
+    if uri is not None:
+        tracker.set_tags({"model_uri": uri})
     return uri
 
 
