@@ -23,6 +23,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.types.schema import Schema, TensorSpec
 from omegaconf import DictConfig, OmegaConf
 
+from runner.core.secrets import redact, redact_obj
 from runner.track.tracker import Tracker, WorkerTracker
 
 BATCHES = 2  # batches hashed per split: enough to tell data apart, cheap for 224 px images
@@ -50,13 +51,13 @@ def _location(data: DictConfig) -> str | None:
 
 
 def source(data: DictConfig) -> DatasetSource:
-    """The data config as an MLflow dataset source."""
+    """The data config as an MLflow dataset source (a login in it redacted, issue 27)."""
     where = _location(data)
     if where is not None:
         from mlflow.data.sources import LocalArtifactDatasetSource
 
-        return LocalArtifactDatasetSource(where)
-    config = OmegaConf.to_container(data, resolve=True)
+        return LocalArtifactDatasetSource(redact(where))
+    config = redact_obj(OmegaConf.to_container(data, resolve=True))
     origin = "generator" if data.name == "synthetic" else data.name
     return CodeDatasetSource({"data": data.name, "source": origin, "config": json.dumps(config)})
 
