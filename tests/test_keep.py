@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.track import compare
-from runner.track.datasets import log_datasets
+from runner.track.datasets import digest, log_datasets
 from runner.track.model import FILE, custom_objects, keep_model, load
 from runner.track.source import source_tags
 from runner.track.tracker import PENDING, Tracker, WorkerTracker
@@ -154,6 +154,10 @@ def test_run_says_which_code_and_which_data(runs):
     assert digests["kept"] == digests["same"]
     assert digests["other"][0] != digests["same"][0]
     assert digests["other"][1] != digests["same"][1]
+    cfg = jobs["same"][0]  # the batches trained on first are a fresh pipeline's first
+    keras.utils.set_random_seed(cfg.trainer.seed)
+    fresh = build_data(cfg, False)
+    assert digests["same"] == (digest(fresh.train), digest(fresh.val))
 
 
 def test_comparison_links_each_jobs_model(runs, tmp_path):

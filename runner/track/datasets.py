@@ -1,17 +1,24 @@
 """What a run trained on, as MLflow datasets: each split (train, val) logged as a run input with
 its source and a digest of its actual data.
 
-The digest hashes the bytes (and dtypes and shapes) of the first few batches a fresh iterator
-of the split yields, after the source's preparation, shuffling and batching: two runs on the
-same data with the same seed and batch show the same digest; another seed, path, source or
-preparation shows another. It works for any source the tf.data pipelines are built from, and
-costs a few batches. The source is the data config: `data.path` (or any *path*/*file*/*url*
-key) as a local source, else the source's name (`generator` for synthetic) as a code source.
+The digest hashes the bytes (and dtypes and shapes) of the first few batches of the split,
+after the source's preparation, shuffling and batching: two runs on the same data with the
+same seed and batch show the same digest; another seed, path, source or preparation shows
+another. It works for any source the tf.data pipelines are built from, and costs a few
+batches. The training split's are the batches the run trained on first, hashed as the loop
+draws them (`Tap`): a second iterator of a split shuffled with reshuffle_each_iteration
+would take a seed from the generator the training iterator shares, and change the order of
+its later epochs. The validation split's come from a fresh iterator after the last
+evaluation. The datasets are logged when training has finished (a resumed run logs none:
+its first batches are not the split's). The source is the data config: `data.path` (or any
+*path*/*file*/*url* key) as a local source, else the source's name (`generator` for
+synthetic) as a code source.
 """
 
 import hashlib
 import itertools
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -31,15 +38,42 @@ CONTEXTS = {"train": "training", "val": "validation"}  # MLflow's mlflow.data.co
 _LOCATION_KEYS = ("path", "file", "url", "uri", "dir")
 
 
+def _update(sha, batch) -> None:
+    for tensor in tf.nest.flatten(batch):
+        value = np.asarray(tensor)
+        sha.update(f"{value.dtype}{value.shape}".encode())
+        sha.update(np.ascontiguousarray(value).tobytes())
+
+
 def digest(split: tf.data.Dataset, batches: int = BATCHES) -> str:
     """sha256 of the first `batches` batches of a fresh iterator of `split` (16 hex digits)."""
     sha = hashlib.sha256()
     for batch in itertools.islice(iter(split), batches):
-        for tensor in tf.nest.flatten(batch):
-            value = np.asarray(tensor)
-            sha.update(f"{value.dtype}{value.shape}".encode())
-            sha.update(np.ascontiguousarray(value).tobytes())
+        _update(sha, batch)
     return sha.hexdigest()[:16]
+
+
+class Tap:
+    """An iterator passed through unchanged, the first `batches` items it yields hashed as
+    `digest` does: the digest of the training split, from the batches the run draws."""
+
+    def __init__(self, iterator: Iterator, batches: int = BATCHES):
+        self.iterator, self.left, self.sha = iterator, batches, hashlib.sha256()
+
+    def __iter__(self) -> "Tap":
+        return self
+
+    def __next__(self):
+        batch = next(self.iterator)
+        if self.left > 0:
+            _update(self.sha, batch)
+            self.left -= 1
+        return batch
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """{"train": digest} (log_datasets' `digests`)."""
+        return {"train": self.sha.hexdigest()[:16]}
 
 
 def _location(data: DictConfig) -> str | None:
@@ -83,9 +117,13 @@ def _schema(split: tf.data.Dataset) -> dict:
     return schema.to_dict()
 
 
-def dataset_input(data: DictConfig, name: str, split: tf.data.Dataset) -> DatasetInput:
-    """The split `name` of `data` as a run input, with its digest and context tag."""
-    meta = MetaDataset(source(data), name=f"{data.name}:{name}", digest=digest(split)).to_dict()
+def dataset_input(
+    data: DictConfig, name: str, split: tf.data.Dataset, hashed: str | None = None
+) -> DatasetInput:
+    """The split `name` of `data` as a run input, with its digest (`hashed`, else `digest`'s
+    from a fresh iterator) and context tag."""
+    hashed = hashed or digest(split)
+    meta = MetaDataset(source(data), name=f"{data.name}:{name}", digest=hashed).to_dict()
     entity = Dataset(
         name=meta["name"],
         digest=meta["digest"],
@@ -97,12 +135,19 @@ def dataset_input(data: DictConfig, name: str, split: tf.data.Dataset) -> Datase
     return DatasetInput(entity, tags=[InputTag("mlflow.data.context", CONTEXTS.get(name, name))])
 
 
-def log_datasets(tracker: Tracker, data: DictConfig, splits: dict[str, tf.data.Dataset]) -> dict:
+def log_datasets(
+    tracker: Tracker,
+    data: DictConfig,
+    splits: dict[str, tf.data.Dataset],
+    digests: dict[str, str] | None = None,
+) -> dict:
     """Log each split as a run input (the chief only; while the server is lost, the digests
-    only, as tags); returns {split: digest}, also set as tags data/<split>_digest."""
+    only, as tags), its digest from `digests` (a Tap's) or a fresh iterator; returns {split:
+    digest}, also set as tags data/<split>_digest."""
     if isinstance(tracker, WorkerTracker):
         return {}
-    inputs = [dataset_input(data, name, split) for name, split in splits.items()]
+    digests = digests or {}
+    inputs = [dataset_input(data, n, split, digests.get(n)) for n, split in splits.items()]
     digests = {name: i.dataset.digest for name, i in zip(splits, inputs, strict=True)}
     tracker.log_inputs(inputs)
     tracker.set_tags({f"data/{name}_digest": d for name, d in digests.items()})

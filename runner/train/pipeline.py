@@ -28,7 +28,7 @@ from runner.report import pruning as pruning_report
 from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
-from runner.track.datasets import log_datasets
+from runner.track.datasets import Tap, log_datasets
 from runner.track.lifecycle import log_config, mlflow_run
 from runner.track.model import input_example, keep_model
 from runner.track.source import source_tags
@@ -84,7 +84,7 @@ def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Jo
     return Job(cfg, tracker, run_dir, stop, dev, name, jit, strategy, point is not None)
 
 
-def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
+def _train(job: Job, built: Built, state, first: int, mem: Memory, tap: Tap) -> History:
     """The compiled steps around the readable loop from optimizer step `first`; evaluation and
     the loss scale as hooks, pruning's masks chosen and applied inside the step, right after
     each update. Under a strategy each replica takes its part of every micro-batch, and every
@@ -99,9 +99,7 @@ def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
     steps = Steps(
         train_step=step,
         evaluate=lambda: evaluate(eval_step, built.data, cfg.trainer.eval_batches),
-        batches=distribution.feed(st, state.iterator, cfg.data.batch_size)
-        if st
-        else state.iterator,
+        batches=distribution.feed(st, tap, cfg.data.batch_size) if st else tap,
         total=built.total_steps,
         first=first,
         eval_every=cfg.trainer.eval_every,
@@ -135,9 +133,8 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     mem.grow_pool()  # before the job allocates: peaks are then the tensors' need, not rounding
     data = build_data(cfg, cfg.model.name in IMAGE_MODELS, job.replicas)
     built = build(job, data)
-    state = train_state(job, built)  # the training iterator first: a shuffled split's next
-    if not job.resuming:  # iterator draws another order, and the digests draw one each
-        log_datasets(tracker, cfg.data, {"train": data.train, "val": data.val})
+    state = train_state(job, built)
+    tap = Tap(state.iterator)  # the training split's digest, from the batches it trains on
     first = 1
     if job.resuming:
         first = state.restore() + 1
@@ -156,7 +153,7 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
         }
     )
     try:
-        history = _train(job, built, state, first, mem)
+        history = _train(job, built, state, first, mem, tap)
     except Exception as err:  # a full disk (checked first), out of memory: in one line
         fault = training_fault(err, job, built, state)
         if fault is err:
@@ -176,6 +173,8 @@ def _job(job: Job) -> tuple[dict, dict, History, list]:
     layer_figures, table = _profile(job, built, sources)
     figures.update(layer_figures)
     report.publish(tracker, figures, history, job.run_dir, tracker.run_name, sources)
+    if not job.resuming:  # a resumed run's first batches are not the split's
+        log_datasets(tracker, cfg.data, {"train": data.train, "val": data.val}, tap.digests)
     if cfg.trainer.get("save_model", True):  # after the last step; not on failure or signal
         example = input_example(data.val)
         keep_model(tracker, built.model, job.run_dir, example, built.total_steps)
