@@ -1,7 +1,9 @@
 """`run(cfg) -> dict`: the whole pipeline, top to bottom.
 
 seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
-train loop -> evaluate -> report. accum=auto is decided before this (runner/plan/auto.py,
+train loop -> evaluate -> report -> keep (the datasets with their digests, the trained model:
+runner/track/datasets.py, runner/track/model.py; the code's commit is tagged at setup,
+runner/track/source.py). accum=auto is decided before this (runner/plan/auto.py,
 which run.py calls), and a sweep's job is handed the tags that place it under its sweep.
 """
 
