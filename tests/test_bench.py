@@ -7,7 +7,7 @@ import pytest
 
 from runner.bench import gpu_check
 from runner.bench import layers as layers_bench
-from tests.conftest import TINY, TINY_DATA
+from tests.conftest import NO_MODEL, TINY, TINY_DATA
 from tests.test_telemetry import HAS_GPU
 
 
@@ -20,6 +20,7 @@ def test_gpu_check_refuses_a_machine_without_a_gpu():
 @pytest.mark.slow
 def test_gpu_check_compares_each_precision_with_fp32(capsys):
     tiny = [*TINY["transformer"], *TINY_DATA, "trainer.max_steps=3", "trainer.device=cpu"]
+    tiny += NO_MODEL
     results = gpu_check.compare(tiny)
     out = capsys.readouterr().out
     assert list(results) == ["fp32", "mixed", "bf16"]

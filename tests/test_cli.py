@@ -2,9 +2,9 @@
 
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import TINY, TINY_DATA, run_cli
+from tests.conftest import NO_MODEL, TINY, TINY_DATA, run_cli
 
-TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3"]
+TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3", *NO_MODEL]
 
 
 def _runs(store):

@@ -3,6 +3,7 @@ pattern, regrowth, one clock with the optimizer, which weights are chosen, and w
 run records in MLflow. tests/test_pruning_tfmot.py runs tfmot itself beside the Pruner."""
 
 import csv
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -295,9 +296,10 @@ def test_pruned_weights_are_zero_after_every_step(optimizer, accum):
 
 
 def pruned_model(client, run_id, policy="float32"):
-    """The pruned model artifact, loaded under the run's policy: TransformerBlock builds its
-    sublayers with the global policy, so a mixed-precision model loads only under its own."""
-    path = client.download_artifacts(run_id, "pruned_model.keras")
+    """The pruned model the run kept (its model.keras, trainer.save_model=true), loaded under
+    the run's policy: TransformerBlock builds its sublayers with the global policy, so a
+    mixed-precision model loads only under its own."""
+    path = Path(client.get_run(run_id).data.tags["run_dir"]) / "model.keras"
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
@@ -309,7 +311,7 @@ def pruned_model(client, run_id, policy="float32"):
 def test_pruned_run_is_exact_and_recorded_beside_its_dense_baseline(tiny_cfg, store):
     job = [*H32, "trainer.max_steps=6", "trainer.jit_compile=false"]  # XLA: the test below
     dense = run(tiny_cfg("transformer", *job))
-    cfg = tiny_cfg("transformer", *job, "pruning=constant")
+    cfg = tiny_cfg("transformer", *job, "pruning=constant", "trainer.save_model=true")
     cfg.pruning.target_sparsity = 0.7
     result = run(cfg)
     client = MlflowClient(tracking_uri=store)
@@ -334,6 +336,7 @@ def test_pruned_run_is_exact_and_recorded_beside_its_dense_baseline(tiny_cfg, st
 
 def test_two_of_four_holds_after_a_run_with_every_other_technique(tiny_cfg, store):
     extra = ["pruning=m_by_n", "accum=2", "precision=mixed", "checkpointing=blocks"]
+    extra += ["trainer.save_model=true"]
     result = run(tiny_cfg("transformer", *H32, *extra))
     assert result["prune/sparsity"] == pytest.approx(0.5)
     client = MlflowClient(tracking_uri=store)

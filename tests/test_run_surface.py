@@ -7,10 +7,11 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO, TINY, TINY_DATA, run_cli
+from tests.conftest import NO_MODEL, REPO, TINY, TINY_DATA, run_cli
 from tests.test_sweep import _sweep
 
-TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3", "trainer.progress=false"]
+TINY_ARGS = [*TINY["transformer"], *TINY_DATA, "trainer.max_steps=3", "trainer.progress=false"]
+TINY_ARGS += NO_MODEL
 TF_NOISE = ("absl::InitializeLog", "I0000", "cuInit", "oneDNN custom operations")
 
 

@@ -6,6 +6,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.track import compare
 from tests.conftest import (
+    NO_MODEL,
     TINY,
     TINY_DATA,
     free_port,
@@ -14,7 +15,7 @@ from tests.conftest import (
     stop_mlflow_server,
 )
 
-TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3"]
+TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3", *NO_MODEL]
 REPORT = {
     "report/comparison.csv",
     "report/comparison.md",
@@ -77,6 +78,7 @@ def server_sweep(tmp_path_factory):
                 "trainer.max_steps=3",
                 "trainer.progress=false",
                 "trainer.optimizer=sgd",
+                *NO_MODEL,
             ],
             cwd=cwd,
             env={"MLFLOW_TRACKING_URI": uri},

@@ -208,6 +208,7 @@ class TrainerConfig:
     # Before each evaluation, BatchNorm statistics re-estimated on this many training
     # micro-batches (runner/train/batchnorm.py); 0: evaluate with the moving averages.
     bn_recalibrate: int = 0
+    save_model: bool = True  # the trained model kept: <run dir>/model.keras, an MLflow logged model
     # The effective batch (micro-batch x accum) accum=auto and runner.plan reach; null:
     # data.batch_size x accum as given.
     effective_batch_size: int | None = None

@@ -95,6 +95,7 @@ def probe(cfg: DictConfig, b: int, accum: int, capped: bool = True) -> dict:
                 "trainer.checkpoint_every": 0,
                 "trainer.resume": None,
                 "trainer.progress": False,
+                "trainer.save_model": False,  # a probe's model is thrown away
                 "profile.layers": False,
                 "mlflow.tracking_uri": f"sqlite:///{tmp}/probe.db",
                 "mlflow.experiment": "probe",

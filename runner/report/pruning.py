@@ -1,5 +1,7 @@
 """The pruning figures of a run (issue 6): sparsity, the compressed weights file, the per-kernel
-table and the pruned model as artifacts, and the dense baseline's accuracy beside it."""
+table as an artifact, and the dense baseline's accuracy beside it. The pruned model is the
+run's model.keras (runner/track/model.py): its masks belong to the Pruner, so it is kept
+stripped, its zeros in its kernels."""
 
 import csv
 from pathlib import Path
@@ -9,7 +11,7 @@ from runner.techniques.pruning import Pruner, gzip_weights_bytes
 from runner.track.tracker import Tracker
 
 # Params that do not change what is trained: a dense baseline may differ in these.
-_NOT_COMPARED = ("pruning.", "mlflow.", "trainer.progress")
+_NOT_COMPARED = ("pruning.", "mlflow.", "trainer.progress", "trainer.save_model")
 
 
 def _dense_baseline(tracker: Tracker, val_accuracy: float) -> dict[str, float]:
@@ -46,26 +48,23 @@ def _dense_baseline(tracker: Tracker, val_accuracy: float) -> dict[str, float]:
 def pruning_figures(
     pruner: Pruner | None, tracker: Tracker, run_dir: Path, history: History
 ) -> dict[str, float]:
-    """prune/* figures, with the per-kernel table and the pruned model as artifacts (issue 6);
-    none without pruning.
+    """prune/* figures, with the per-kernel table as an artifact (issue 6); none without
+    pruning.
 
     prune/sparsity: zeros over all pruned kernels. prune/gzip_ratio: the gzip-compressed weights
     file (model.save_weights) of the model as built (dense) over that of the model at the end
-    (pruned); embeddings, biases and norms are in both. The model is saved as built (before
-    checkpointing wrapped it); its masks live in the Pruner, so nothing needs stripping.
+    (pruned); embeddings, biases and norms are in both.
     """
     if pruner is None:
         return {}
     rows = pruner.table()
     run_dir.mkdir(parents=True, exist_ok=True)
-    table, model_file = run_dir / "pruning_table.csv", run_dir / "pruned_model.keras"
+    table = run_dir / "pruning_table.csv"
     with table.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    pruner.model.save(model_file)
-    for path in (table, model_file):
-        tracker.log_artifact(path)
+    tracker.log_artifact(table)
     for step, sparsity in pruner.updates:
         tracker.log_metrics({"prune/scheduled_sparsity": sparsity}, step)
     zeros, size = sum(r["zeros"] for r in rows), sum(r["size"] for r in rows)

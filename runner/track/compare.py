@@ -52,7 +52,7 @@ CHOICES = {
 }
 # Params that follow from others, or that say where a run went rather than what it did.
 NOT_IN_LABELS = ("effective_batch_size", "params_total", "total_steps", "remat/policy")
-NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress")
+NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress", "trainer.save_model")
 
 
 def sweep_runs(client: MlflowClient, parent_id: str) -> list[Run]:
@@ -97,6 +97,8 @@ def rows(runs: list[Run], baseline: str | None = None) -> list[dict]:
             "differs": " ".join(differs(run.data.params, base_params)),
             # A resumed run's figures cover the steps after its checkpoint (trainer.resume).
             "covers_steps": tags.get("figures_cover_steps", ""),
+            # The model the job kept (runner/track/model.py): mlflow.keras.load_model(uri).
+            "model": tags.get("model_uri", ""),
         }
         for column, key, scale in FIGURES:
             row[column] = metrics[key] * scale if key in metrics else None
@@ -166,9 +168,11 @@ def label_for(params: dict, base: dict) -> str:
     return " ".join(parts) or "baseline"
 
 
-def columns(out: list[dict]) -> list[str]:
-    """The table's columns: everything but the estimate's parts (those go to the CSV)."""
-    return [c for c in out[0] if not c.startswith("est_") and c != "covers_steps"] if out else []
+def columns(out: list[dict], links: bool = False) -> list[str]:
+    """The table's columns: everything but the estimate's parts (those go to the CSV) and,
+    unless `links`, the models' URIs (in the Markdown, not in the terminal's table)."""
+    hidden = {"covers_steps"} | (set() if links else {"model"})
+    return [c for c in out[0] if not c.startswith("est_") and c not in hidden] if out else []
 
 
 def marked(row: dict) -> str:
@@ -194,11 +198,11 @@ def notes(out: list[dict]) -> list[str]:
     ]
 
 
-def _display(out: list[dict]) -> list[dict]:
+def _display(out: list[dict], links: bool = False) -> list[dict]:
     """Rows as text, with the ratios of jobs that differ from the baseline marked `*`."""
     shown = []
     for row in out:
-        cells = {c: cell(row[c]) for c in columns(out)}
+        cells = {c: cell(row[c]) for c in columns(out, links)}
         if row["differs"]:
             for column in RATIOS:
                 if row[f"{column}/base"] is not None:
@@ -221,9 +225,9 @@ def write_csv(out: list[dict], path: Path) -> Path:
 
 
 def write_markdown(out: list[dict], path: Path) -> Path:
-    cols = columns(out)
+    cols = columns(out, links=True)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(r[c] for c in cols) + " |" for r in _display(out)]
+    lines += ["| " + " | ".join(r[c] for c in cols) + " |" for r in _display(out, links=True)]
     lines += ["", *notes(out)]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -157,6 +157,23 @@ class Tracker:
                 lambda: self.client.log_artifact(self.run_id, str(path)),
             )
 
+    def log_inputs(self, datasets: list) -> None:
+        """The run's datasets (mlflow.entities.DatasetInput, runner/track/datasets.py). While
+        the server is lost they are dropped (upload does not send them; their digests are
+        tags, which it does)."""
+        names = [d.dataset.name for d in datasets]
+        self._send(
+            {"inputs": names}, lambda: self.client.log_inputs(self.run_id, datasets=datasets)
+        )
+
+    def log_model(self, log: Callable[[], str]) -> str | None:
+        """Log a model with `log()` (runner/track/model.py), which returns its URI; None when
+        the server is lost, before or during the call (the model file stays in the run
+        directory; upload does not send it)."""
+        uri: list[str] = []
+        self._send({"model": "in the run directory only"}, lambda: uri.append(log()))
+        return uri[0] if uri else None
+
     def terminate(self, status: str) -> None:
         now = int(time.time() * 1000)
         self._send(

@@ -1,7 +1,9 @@
 """`run(cfg) -> dict`: the whole pipeline, top to bottom.
 
 seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
-train loop -> evaluate -> report. accum=auto is decided before this (runner/plan/auto.py,
+train loop -> evaluate -> report -> keep (the datasets with their digests, the trained model:
+runner/track/datasets.py, runner/track/model.py; the code's commit is tagged at setup,
+runner/track/source.py). accum=auto is decided before this (runner/plan/auto.py,
 which run.py calls), and a sweep's job is handed the tags that place it under its sweep.
 """
 
@@ -29,7 +31,10 @@ from runner.report import pruning as pruning_report
 from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
+from runner.track.datasets import Tap, log_datasets
 from runner.track.lifecycle import log_config, mlflow_run
+from runner.track.model import input_example, keep_model
+from runner.track.source import source_tags
 from runner.track.tracker import WorkerTracker
 from runner.train import batchnorm, device, rundir
 from runner.train.checkpoint import keep_restorable
@@ -58,7 +63,7 @@ def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Jo
     resumed run (a resume point) has its config logged already."""
     if point is None:
         log_config(tracker, cfg, overrides)
-    tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__})
+    tracker.set_tags({"tensorflow": tf.__version__, "keras": keras.__version__, **source_tags()})
     gpus = device.setup()
     strategy = distribution.make_strategy(cfg.distribution, gpus)  # before any op runs
     dev = device.resolve(cfg.trainer.device, gpus)
@@ -71,7 +76,7 @@ def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Jo
     return Job(cfg, tracker, run_dir, stop, dev, name, jit, strategy, point is not None)
 
 
-def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
+def _train(job: Job, built: Built, state, first: int, mem: Memory, tap: Tap) -> History:
     """The compiled steps around the readable loop from optimizer step `first`; evaluation and
     the loss scale as hooks, pruning's masks chosen and applied inside the step, right after
     each update. Under a strategy each replica takes its part of every micro-batch, and every
@@ -86,9 +91,7 @@ def _train(job: Job, built: Built, state, first: int, mem: Memory) -> History:
     steps = Steps(
         train_step=step,
         evaluate=lambda: _evaluate(cfg, built, eval_step),
-        batches=distribution.feed(st, state.iterator, cfg.data.batch_size)
-        if st
-        else state.iterator,
+        batches=distribution.feed(st, tap, cfg.data.batch_size) if st else tap,
         total=built.total_steps,
         first=first,
         eval_every=cfg.trainer.eval_every,
@@ -141,6 +144,7 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     built = build(job, data)
     _note(notes, batchnorm.accum_note(cfg, built.model))
     state = train_state(job, built)
+    tap = Tap(state.iterator)  # the training split's digest, from the batches it trains on
     first = 1
     if job.resuming:
         first = state.restore() + 1
@@ -159,7 +163,7 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
         }
     )
     try:
-        history = _train(job, built, state, first, mem)
+        history = _train(job, built, state, first, mem, tap)
     except Exception as err:  # a full disk (checked first), out of memory: in one line
         fault = training_fault(err, job, built, state)
         if fault is err:
@@ -182,6 +186,11 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     layer_figures, table = _profile(job, built, sources)
     figures.update(layer_figures)
     report.publish(tracker, figures, history, job.run_dir, tracker.run_name, sources)
+    if not job.resuming:  # a resumed run's first batches are not the split's
+        log_datasets(tracker, cfg.data, {"train": data.train, "val": data.val}, tap.digests)
+    if cfg.trainer.get("save_model", True):  # after the last step; not on failure or signal
+        example = input_example(data.val)
+        keep_model(tracker, built.model, job.run_dir, example, built.total_steps)
     return figures, sources, history, table
 
 

@@ -1,0 +1,158 @@
+"""The trained model, kept: `<run dir>/model.keras` and an MLflow logged model (Keras 3 flavour).
+
+    python -m runner.track.model models:/MODEL_ID      # load a run's model, run its example
+    python -m runner.track.model runs:/RUN_ID/model --tracking-uri sqlite:///outputs/mlflow.db
+
+At the end of a run that finished its last step (trainer.save_model=true), the model as built
+(not checkpointing's wrapper; they share the variables, so it holds the trained weights; a
+pruned model's masks belong to the Pruner, so its zeros are in its kernels and nothing needs
+stripping) is saved once in MLflow's Keras format, with a signature and an input example (the
+first examples of the validation split), and its `.keras` file copied to the run directory.
+The logged model is linked to the run as its output (the run page's "Logged models"), and its
+URI is the run's tag `model_uri`. A failed or interrupted run keeps no model; a multi-worker
+job's chief keeps it; a run whose tracking server is lost keeps the file only.
+
+The explicit client writes what `mlflow.keras.log_model` would (its fluent API uses the global
+tracking URI and active run, which tfmemlab does not set); the pip requirements are given,
+not inferred (MLflow's inference loads the model again in a fresh process: seconds per run).
+Loading needs tfmemlab's own layers (`custom_objects`) and the dtype policy the model was
+built under (its layers take the global policy): `load` passes both.
+"""
+
+import argparse
+import importlib
+import inspect
+import os
+import pkgutil
+import shutil
+import tempfile
+from pathlib import Path
+
+import keras
+import mlflow
+import numpy as np
+import tensorflow as tf
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+from mlflow.models import Model, infer_signature
+
+from runner.config.schema import MlflowConfig
+from runner.core.secrets import move_login_to_env
+from runner.track.tracker import Tracker, WorkerTracker
+
+NAME = "model"  # the logged model's name: runs:/<run id>/model
+FILE = "model.keras"  # in the run directory
+EXAMPLES = 2  # examples in the input example
+
+
+def custom_objects() -> dict[str, type]:
+    """tfmemlab's own layers (every keras Layer class defined in a module of models/)."""
+    import models
+
+    found = {}
+    for info in pkgutil.iter_modules(models.__path__):
+        module = importlib.import_module(f"models.{info.name}")
+        for name, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, keras.layers.Layer) and obj.__module__ == module.__name__:
+                found[name] = obj
+    return found
+
+
+def input_example(val: tf.data.Dataset, n: int = EXAMPLES) -> np.ndarray:
+    """The first `n` inputs of the validation split: the input example and the fixed batch."""
+    inputs, _ = next(iter(val))
+    return np.asarray(inputs)[:n]
+
+
+def _requirements() -> list[str]:
+    return [f"{m.__name__}=={m.__version__}" for m in (mlflow, keras, tf)]
+
+
+def _log(tracker: Tracker, folder: Path, step: int) -> str:
+    """The MLflow model in `folder` as a logged model of the run; returns its models:/ URI."""
+    client, run_id = tracker.client, tracker.run_id
+    logged = client.create_logged_model(tracker.experiment_id, name=NAME, source_run_id=run_id)
+    try:
+        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
+        client.log_model_artifacts(logged.model_id, str(folder))
+    except BaseException:
+        client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
+    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    return f"models:/{logged.model_id}"
+
+
+def keep_model(
+    tracker: Tracker, model: keras.Model, run_dir: Path, example: np.ndarray, step: int
+) -> str | None:
+    """Save `model` to run_dir/model.keras and log it (see the module docstring); returns the
+    logged model's URI, or None when nothing was logged (a non-chief worker logs and keeps
+    nothing; a lost server: the file only)."""
+    if isinstance(tracker, WorkerTracker):
+        return None
+    signature = infer_signature(example, np.asarray(model(example, training=False)))
+    metadata = {"dtype_policy": keras.config.dtype_policy().name}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / NAME
+        folder.mkdir()  # mlflow.keras.save_model writes the example before making it
+        mlflow_model = Model(run_id=tracker.run_id or None, metadata=metadata)
+        mlflow.keras.save_model(
+            model,
+            str(folder),
+            mlflow_model=mlflow_model,
+            signature=signature,
+            input_example=example,
+            pip_requirements=_requirements(),
+            metadata=metadata,
+        )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / "data" / "model.keras", run_dir / FILE)
+        uri = tracker.log_model(lambda: _log(tracker, folder, step))
+    if uri is not None:
+        tracker.set_tags({"model_uri": uri})
+    return uri
+
+
+def load(uri: str) -> keras.Model:
+    """A model kept by a run (models:/<id>, runs:/<run id>/model, or a local MLflow model
+    folder), with tfmemlab's layers and under the dtype policy it was trained with."""
+    info = mlflow.models.get_model_info(uri)
+    policy = (info.metadata or {}).get("dtype_policy", "float32")
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        return mlflow.keras.load_model(uri, custom_objects=custom_objects())
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The command line of `python -m runner.track.model`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m runner.track.model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("uri", help="models:/<model id> or runs:/<run id>/model")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI", MlflowConfig.tracking_uri),
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> np.ndarray:
+    """Load the model and run it on its own input example; print what it gives."""
+    args = command_line().parse_args(argv)
+    mlflow.set_tracking_uri(move_login_to_env(args.tracking_uri))
+    model = load(args.uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(args.uri, dst_path=tmp)
+        example = Model.load(local).load_input_example(local)
+    outputs = np.asarray(model(np.asarray(example), training=False))
+    print(f"{args.uri}: {model.name}, {model.count_params():,} parameters")
+    print(f"input example {np.shape(example)} -> outputs {outputs.shape} {outputs.dtype}")
+    return outputs
+
+
+if __name__ == "__main__":
+    main()
