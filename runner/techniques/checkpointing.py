@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from runner.techniques import graph_cuts
 
+
 @dataclass
 class RematInfo:
     """What was rematerialised, for the figures: segments of `length` blocks each."""
@@ -120,9 +121,7 @@ def apply(model: keras.Model, policy: str, every: int) -> tuple[keras.Model, Rem
     k = segment_length(policy, len(cuts) - 1, every)
     edges = cuts[::k] if (len(cuts) - 1) % k == 0 else [*cuts[::k], cuts[-1]]
     # Several inputs: the part before the first cut (where they have merged) runs plainly.
-    inputs = [
-        keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t.name) for t in graph.inputs
-    ]
+    inputs = [keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t.name) for t in graph.inputs]
     if len(inputs) == 1:
         (originals,), inputs = graph.inputs, inputs[0]
     else:

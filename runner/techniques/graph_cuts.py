@@ -95,9 +95,7 @@ def cut_points(graph) -> list:
 
 def is_compute(operation) -> bool:
     """A layer worth a block of its own: trainable weights, not a normalization's."""
-    return bool(getattr(operation, "trainable_weights", None)) and not isinstance(
-        operation, _NORMS
-    )
+    return bool(getattr(operation, "trainable_weights", None)) and not isinstance(operation, _NORMS)
 
 
 def structural_boundaries(graph) -> list:
