@@ -2,7 +2,8 @@
 
 Keras's RematScope fails on the TensorFlow backend (keras-team/keras#21207), so tfmemlab cuts
 the functional graph at single-tensor boundaries between blocks (every transformer block,
-MobileNet inverted residual, EfficientNet MBConv block), makes each run of k blocks a
+MobileNet inverted residual, EfficientNet MBConv block by name; on other models, blocks found
+from the graph's structure: runner/techniques/graph_cuts.py), makes each run of k blocks a
 sub-model sharing the original layers, and wraps it in `Remat`, which calls it through
 `tf.recompute_grad`. Policies: `blocks` (k = 1), `sqrt` (k = ceil(sqrt(n)), Chen et al. 2016,
 "Training Deep Nets with Sublinear Memory Cost"), `every` (k = checkpointing.every).
