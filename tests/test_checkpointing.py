@@ -144,10 +144,16 @@ def test_mobilenet_v2_blocks_are_its_17_inverted_residuals():
 
 
 def test_unsegmentable_model_is_a_clear_error():
-    inputs = keras.Input((4,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(3)(inputs)))
+    # Two inputs that never meet: no point where a single tensor is live, so no block.
+    a, b = keras.Input((4,)), keras.Input((4,))
+    model = keras.Model([a, b], [keras.layers.Dense(2)(a), keras.layers.Dense(2)(b)])
     with pytest.raises(ValueError, match="checkpointing=blocks: .*no single-tensor block"):
         checkpointing.apply(model, "blocks", 2)
+    # Dense -> Dense has no block names but two blocks by structure (graph_cuts); nothing
+    # for selective to recompute.
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(3)(inputs)))
+    assert checkpointing.apply(model, "blocks", 2)[1].segments == 2
     with pytest.raises(ValueError, match="checkpointing=selective: .*neither attention"):
         checkpointing.apply(model, "selective", 2)
 

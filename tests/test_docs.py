@@ -195,6 +195,10 @@ def check_module(name: str, argv: list[str]) -> None:
         benches = importlib.import_module("runner.bench.__main__").BENCHES
         assert argv and argv[0] in benches, f"no benchmark {argv[:1]}; expected one of {benches}"
         extra = argv[1:]
+        if argv[0] == "checkpointing" and extra[:1] == ["--unseen"]:  # model names, no overrides
+            models = importlib.import_module("runner.bench.cuts").MODELS
+            assert set(extra[1:]) <= set(models), f"--unseen takes some of {list(models)}"
+            return
         if argv[0] == "checkpointing":  # --only NAME picks some of its groups
             _, extra = importlib.import_module("runner.bench.checkpointing")._only(extra)
         check_overrides(extra)

@@ -11,7 +11,9 @@ Groups of jobs, each against its first job (the baseline), with the targets of i
   blocks <= 0.75x peak (blocks must save at every depth of 2 or more);
 - MobileNetV2 224x224, batch 16: blocks <= 0.7x peak; selective <= 0.8x at <= 1.25x time;
 - transformer at dropout 0 without XLA (s=256, b=8, h=32, 4 heads, 2 layers): bf16 <= 0.7x
-  fp32's peak (16-bit attention keeps 16-bit probabilities).
+  fp32's peak (16-bit attention keeps 16-bit probabilities);
+- with --unseen: keras.applications models and a U-Net, cut by structure (runner/bench/cuts.py):
+  blocks on ResNet50 at 64x64, batch 16 <= 0.7x peak.
 """
 
 from typing import NamedTuple
@@ -158,8 +160,13 @@ def _only(extra: list[str]) -> tuple[list[Group], list[str]]:
     return picked or GROUPS, rest
 
 
-def main(extra: list[str], steps: int = 5) -> dict[str, dict]:
-    """`python -m runner.bench checkpointing [--only NAME ...] [overrides...]`."""
+def main(extra: list[str], steps: int = 5) -> dict[str, dict] | list[dict]:
+    """`python -m runner.bench checkpointing [--only NAME ...] [overrides...]`, or
+    `... checkpointing --unseen [MODEL ...]`: models without block names (runner/bench/cuts.py)."""
+    if extra[:1] == ["--unseen"]:
+        from runner.bench import cuts
+
+        return cuts.main(extra[1:])
     groups, extra = _only(extra)
     results = run_jobs(_jobs(groups, steps), extra)
     print(table(_rows(groups, results), COLUMNS))

@@ -2,7 +2,8 @@
 
 Keras's RematScope fails on the TensorFlow backend (keras-team/keras#21207), so tfmemlab cuts
 the functional graph at single-tensor boundaries between blocks (every transformer block,
-MobileNet inverted residual, EfficientNet MBConv block), makes each run of k blocks a
+MobileNet inverted residual, EfficientNet MBConv block by name; on other models, blocks found
+from the graph's structure: runner/techniques/graph_cuts.py), makes each run of k blocks a
 sub-model sharing the original layers, and wraps it in `Remat`, which calls it through
 `tf.recompute_grad`. Policies: `blocks` (k = 1), `sqrt` (k = ceil(sqrt(n)), Chen et al. 2016,
 "Training Deep Nets with Sublinear Memory Cost"), `every` (k = checkpointing.every).
@@ -18,18 +19,13 @@ XLA on a CPU (an optimization_barrier does not: shared GUIDE).
 """
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
 
-from models.common import is_graph
 from runner.core.errors import ModelError
-
-# Block names in keras.applications and models/transformer.py: block_3_expand (MobileNetV2),
-# expanded_conv_2_add (MobileNetV3, V2's first block), block2a_dwconv (EfficientNet), block_0.
-_BLOCK = re.compile(r"^(block_?\d+[a-z]?|expanded_conv(?:_\d+)?)(?:_|$)")
+from runner.techniques import graph_cuts
 
 
 @dataclass
@@ -101,52 +97,6 @@ def saves_nothing(info: RematInfo) -> str | None:
     )
 
 
-def block_of(name: str) -> str | None:
-    match = _BLOCK.match(name)
-    return match.group(1) if match else None
-
-
-def _auto_named(layer) -> bool:
-    """Keras's generated names (re_lu_3, activation_1, add): such layers carry no block name
-    of their own, so they belong to the block they sit in. Same rule as keras to_snake_case."""
-    cls = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", type(layer).__name__)
-    cls = re.sub("([a-z])([A-Z])", r"\1_\2", cls).lower()
-    return re.sub(r"_\d+$", "", layer.name) == cls
-
-
-def block_boundaries(model: keras.Model) -> list:
-    """Tensors where one block ends and the next begins and nothing else crosses.
-
-    Walks the layers in graph order; after layer i, the tensors still to be consumed are the
-    outputs of layers <= i read by layers > i. A boundary is a point where that is a single
-    tensor and the block (by layer name; unnamed layers belong to the block before them)
-    changes. The first boundary is a block's input, the last a block's output.
-    """
-    # operations, not layers: functional graphs also hold ops such as the embeddings sum.
-    layers = [op for op in model.operations if not isinstance(op, keras.layers.InputLayer)]
-    owners, current = [], None
-    for layer in layers:
-        current = block_of(layer.name) or (current if _auto_named(layer) else None)
-        owners.append(current)
-    produced_by = {id(layer.output): i for i, layer in enumerate(layers)}
-    last_use = {}
-    for j, layer in enumerate(layers):
-        for node in layer._inbound_nodes:
-            for tensor in node.input_tensors:
-                if id(tensor) in produced_by:
-                    last_use[id(tensor)] = j
-    cuts = []
-    for i in range(len(layers) - 1):
-        live = [t for t, j in last_use.items() if j > i and produced_by[t] <= i]
-        if (
-            live == [id(layers[i].output)]
-            and owners[i] != owners[i + 1]
-            and (owners[i] or owners[i + 1])
-        ):
-            cuts.append(layers[i].output)
-    return cuts
-
-
 def segment_length(policy: str, n_blocks: int, every: int) -> int:
     if policy == "blocks":
         return 1
@@ -156,18 +106,15 @@ def segment_length(policy: str, n_blocks: int, every: int) -> int:
 
 
 def apply(model: keras.Model, policy: str, every: int) -> tuple[keras.Model, RematInfo]:
-    """The model with its blocks grouped into rematerialised segments, and what was done."""
+    """The model with its blocks grouped into rematerialised segments, and what was done.
+    Blocks come from layer names when they give any, else from the graph's structure
+    (runner/techniques/graph_cuts.py); a subclassed model is refused in one line."""
     if policy == "none":
         return model, RematInfo()
-    if not is_graph(model):
-        raise ModelError(
-            f"checkpointing={policy}: model {model.name} is a subclassed keras.Model, whose "
-            "layers cannot be read as a graph to cut or recompute; no checkpointing policy "
-            "applies to it (use checkpointing=none, or build it as a functional model)"
-        )
+    graph = graph_cuts.graph_of(model, policy)
     if policy == "selective":
-        return selective(model)
-    cuts = block_boundaries(model)
+        return selective(graph, model.name)
+    cuts, _ = graph_cuts.block_boundaries(graph)
     if len(cuts) < 2:
         raise ModelError(
             f"checkpointing={policy}: model {model.name} has no single-tensor block boundaries "
@@ -176,16 +123,24 @@ def apply(model: keras.Model, policy: str, every: int) -> tuple[keras.Model, Rem
         )
     k = segment_length(policy, len(cuts) - 1, every)
     edges = cuts[::k] if (len(cuts) - 1) % k == 0 else [*cuts[::k], cuts[-1]]
-    (first,) = model.inputs  # every tfmemlab model has one input
-    inputs = keras.Input(batch_shape=first.shape, dtype=first.dtype, name=first.name)
-    x = keras.Model(first, edges[0], name="before_blocks")(inputs)
+    # Several inputs: the part before the first cut (where they have merged) runs plainly.
+    inputs = [keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t.name) for t in graph.inputs]
+    if len(inputs) == 1:
+        (originals,), inputs = graph.inputs, inputs[0]
+    else:
+        originals = graph.inputs
+    x = inputs
+    if not any(edges[0] is t for t in graph.inputs):
+        x = keras.Model(originals, edges[0], name="before_blocks")(inputs)
     info = RematInfo(policy, len(cuts) - 1, k)
     for i, (start, end) in enumerate(zip(edges, edges[1:], strict=False)):
         segment = keras.Model(start, end, name=f"segment_{i}")
         info.segment_ops.append({op.name for op in segment.operations})
         info.segment_outputs.append(segment.operations[-1].name)
         x = Remat(segment, name=f"remat_{i}")(x)
-    outputs = keras.Model(edges[-1], model.outputs, name="after_blocks")(x)
+    outputs = x
+    if not (len(graph.outputs) == 1 and edges[-1] is graph.outputs[0]):
+        outputs = keras.Model(edges[-1], graph.outputs, name="after_blocks")(x)
     return keras.Model(inputs, outputs, name=model.name), info
 
 
@@ -231,7 +186,7 @@ def _cheap_chains(model: keras.Model) -> list[list]:
     return chains
 
 
-def selective(model: keras.Model) -> tuple[keras.Model, RematInfo]:
+def selective(model: keras.Model, name: str = "") -> tuple[keras.Model, RematInfo]:
     """checkpointing=selective: the transformer's attention core, or a CNN's runs of cheap
     layers between convolutions, recomputed in backprop (module docstring)."""
     blocks = [layer for layer in model.layers if hasattr(layer, "recompute_attention")]
@@ -243,7 +198,7 @@ def selective(model: keras.Model) -> tuple[keras.Model, RematInfo]:
     chains = _cheap_chains(model)
     if not chains:
         raise ModelError(
-            f"checkpointing=selective: model {model.name} has neither attention blocks nor "
+            f"checkpointing=selective: model {name or model.name} has neither attention blocks nor "
             "depthwise convolutions between normalizations to recompute; use checkpointing=none"
         )
     info = RematInfo("selective", len(chains), 1)
