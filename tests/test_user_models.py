@@ -3,6 +3,7 @@ and `model=keras_app`. The real conf/ with examples/conf beside it, as `--config
 tiny sizes and a few steps; each bad input answered in one line."""
 
 import textwrap
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -21,7 +22,13 @@ from runner.train.usermodel import build_target
 from tests.conftest import REPO
 
 EXAMPLES = REPO / "examples"
-TINY = ["data.image_size=8", "data.batch_size=4", "trainer.max_steps=3", "trainer.progress=false"]
+TINY = [
+    "data.image_size=8",
+    "data.batch_size=4",
+    "trainer.max_steps=3",
+    "trainer.progress=false",
+    "trainer.save_model=false",
+]
 SYNTHETIC = ["data.train_samples=64", "data.val_samples=16"]
 
 
@@ -43,10 +50,10 @@ def user_cfg(store, monkeypatch, tmp_path):
 # policies none/blocks each at accum 1 and 4 (none at accum 1 in the BatchNorm test below): the
 # U-Net (functional, skip connections) and the subclassed model (images, and tokens once).
 CASES = [
-    ("unet", "fp32", 4, "blocks", []),
+    ("unet", "fp32", 4, "blocks", ["trainer.save_model=true"]),
     ("unet", "mixed", 1, "blocks", []),
     ("unet", "bf16", 4, "none", []),
-    ("subclassed", "fp32", 1, "none", []),
+    ("subclassed", "fp32", 1, "none", ["trainer.save_model=true"]),
     ("subclassed", "mixed", 4, "none", []),
     ("subclassed", "bf16", 1, "none", ["model.input_kind=tokens", "data.seq_len=8"]),
 ]
@@ -73,6 +80,14 @@ def test_own_models_train_under_each_technique(
         assert "mem/estimate/activations_bytes" not in result
         assert "not modelled" in run_.data.tags["mem/estimate_note"]
         assert result["mem/estimate/params_bytes"] > 0
+    if "trainer.save_model=true" in extra:  # kept whole, or (no get_config) its weights
+        run_dir = Path(run_.data.tags["run_dir"])
+        if model == "unet":
+            assert (run_dir / "model.keras").is_file() and run_.data.tags["model_uri"]
+        else:
+            assert (run_dir / "model.weights.h5").is_file()
+            assert "no get_config" in run_.data.tags["model_note"]
+            assert "model_uri" not in run_.data.tags
 
 
 def test_subclassed_model_refuses_graph_checkpointing_in_one_line(user_cfg):

@@ -9,7 +9,9 @@ pruned model's masks belong to the Pruner, so its zeros are in its kernels and n
 stripping) is saved once in MLflow's Keras format, with a signature and an input example (the
 first examples of the validation split), and its `.keras` file copied to the run directory.
 The logged model is linked to the run as its output (the run page's "Logged models"), and its
-URI is the run's tag `model_uri`. A failed or interrupted run keeps no model; a multi-worker
+URI is the run's tag `model_uri`. A subclassed model without get_config cannot be saved whole:
+its weights are kept instead (model.weights.h5, and the tag `model_note`). A failed or
+interrupted run keeps no model; a multi-worker
 job's chief keeps it; a run whose tracking server is lost keeps the file only.
 
 The explicit client writes what `mlflow.keras.log_model` would (its fluent API uses the global
@@ -41,6 +43,7 @@ from runner.track.tracker import Tracker, WorkerTracker
 
 NAME = "model"  # the logged model's name: runs:/<run id>/model
 FILE = "model.keras"  # in the run directory
+WEIGHTS = "model.weights.h5"  # instead, for a model Keras cannot save whole
 EXAMPLES = 2  # examples in the input example
 
 
@@ -89,6 +92,10 @@ def keep_model(
     nothing; a lost server: the file only)."""
     if isinstance(tracker, WorkerTracker):
         return None
+    try:
+        model.get_config()
+    except NotImplementedError:  # a subclassed model without get_config cannot be saved whole
+        return _keep_weights(tracker, model, run_dir)
     signature = infer_signature(example, np.asarray(model(example, training=False)))
     metadata = {"dtype_policy": keras.config.dtype_policy().name}
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,6 +117,23 @@ def keep_model(
     if uri is not None:
         tracker.set_tags({"model_uri": uri})
     return uri
+
+
+def _keep_weights(tracker: Tracker, model: keras.Model, run_dir: Path) -> None:
+    """A model Keras cannot save whole (a subclassed keras.Model without get_config): its
+    weights in run_dir/model.weights.h5, logged as an artifact, and a note on how to use them."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / WEIGHTS
+    model.save_weights(path)
+    note = (
+        f"{type(model).__name__} has no get_config, so Keras cannot save it whole; its trained "
+        f"weights are in {path} (and the run's artifacts): build it again with its builder, "
+        "then model.load_weights(that file)"
+    )
+    print(f"tfmemlab: model: {note}", flush=True)
+    tracker.set_tags({"model_note": note})
+    tracker.log_artifact(path, NAME)
+    return None
 
 
 def load(uri: str) -> keras.Model:
