@@ -155,6 +155,11 @@ def wrong_input(spec):
     inputs = keras.Input((64, 64, 3))
     x = keras.layers.GlobalAveragePooling2D()(inputs)
     return keras.Model(inputs, keras.layers.Dense(spec.num_classes)(x))
+
+def softmax_head(spec):
+    inputs = keras.Input(spec.input_shape)
+    x = keras.layers.GlobalAveragePooling2D()(inputs)
+    return keras.Model(inputs, keras.layers.Dense(spec.num_classes, activation="softmax")(x))
 """
 
 
@@ -165,6 +170,7 @@ def wrong_input(spec):
         ("bad_builders.not_a_model", r"returned str, not a keras.Model"),
         ("bad_builders.wrong_classes", r"outputs shape \(11,\), the data needs \(10,\)"),
         ("bad_builders.wrong_input", r"takes inputs of shape \(64, 64, 3\), the data gives"),
+        ("bad_builders.softmax_head", r"outputs probabilities .*takes logits"),
     ],
 )
 def test_a_bad_builder_is_one_line(tmp_path, monkeypatch, target, message):

@@ -98,6 +98,12 @@ def check_fits(model, spec: DataSpec, label: str) -> keras.Model:
             f"{label} outputs shape {got}, the data needs {_expected(spec)}: "
             f"{spec.num_classes} logits{per} (spec.num_classes)"
         )
+    values = np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64)
+    if values.min() >= 0 and np.allclose(values.sum(axis=-1), 1.0, atol=1e-3):
+        raise ModelError(
+            f"{label} outputs probabilities (each row sums to 1: a softmax at its end); "
+            "tfmemlab's loss takes logits: end the model without the softmax (activation=None)"
+        )
     if isinstance(model, keras.Sequential):  # its layers as one top-level graph
         model = keras.Model(model.inputs, model.outputs, name=model.name)
     return model
