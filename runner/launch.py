@@ -209,10 +209,12 @@ def _refuse_a_network_store(uri: str | None, allow_network: bool) -> None:
         )
 
 
-def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]], bool]:
-    """The launch folder, each worker's run.py command and --allow-network, from the launch's
-    command line; bad input exits with one line, before any worker starts (and before
-    TensorFlow loads)."""
+def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]], str]:
+    """The launch folder, each worker's run.py command and where they will listen, from the
+    launch's command line; bad input exits with one line, before any worker starts (and before
+    TensorFlow loads). The private network is entered as soon as the store is known to allow
+    it: before the command line's check, whose imports may start threads (numpy's OpenBLAS
+    does), which unshare refuses."""
     parser = command_line()
     args = parser.parse_args(argv)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -225,8 +227,9 @@ def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]], bool]:
                 "(worker<i>/run.json) and no overrides: the job is the one it ran\n",
             )
         _refuse_a_network_store(_resumed_uri(args.resume), args.allow_network)
+        where = _network(args.allow_network)
         commands = [resume_args(args.resume, i, stamp) for i in range(count)]
-        return args.resume, commands, args.allow_network
+        return args.resume, commands, where
     if args.workers < 2:
         parser.exit(2, f"error: --workers={args.workers}: expected an integer >= 2\n")
     from runner.cli import check_command_line
@@ -234,11 +237,12 @@ def _arguments(argv: list[str] | None) -> tuple[Path, list[list[str]], bool]:
     overrides = ["distribution=multi_worker", *args.overrides]
     # Before the command line's check, which would try to reach a server.
     _refuse_a_network_store(_tracking_uri(overrides), args.allow_network)
+    where = _network(args.allow_network)
     check_command_line(overrides)
     # a folder of its own, though named by the second (runner/core/lock.py)
     folder = args.dir or Path(fresh_dir(f"outputs/launch/{stamp.replace('_', '/')}"))
     commands = [worker_args(args.overrides, folder, i) for i in range(args.workers)]
-    return folder, commands, args.allow_network
+    return folder, commands, where
 
 
 def _network(allow_network: bool) -> str:
@@ -257,8 +261,7 @@ def _network(allow_network: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    folder, commands, allow_network = _arguments(argv)
-    where = _network(allow_network)  # before any thread or worker starts
+    folder, commands, where = _arguments(argv)  # in the private network, unless allowed out
     folder.mkdir(parents=True, exist_ok=True)
     ports = free_ports(len(commands))
     workers = []

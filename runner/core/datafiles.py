@@ -16,8 +16,7 @@ import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 # tf.train.Feature's oneof: field number -> the kind of list it holds
 FEATURE_KINDS = {1: "bytes", 2: "float", 3: "int64"}
@@ -118,8 +117,11 @@ def first_features(path: str) -> dict[str, tuple[str, int]]:
     return found
 
 
-def npz_arrays(path: str) -> dict[str, tuple[tuple, np.dtype]]:
+def npz_arrays(path: str) -> dict[str, tuple[tuple, Any]]:
     """key -> (shape, dtype) of each array in an .npz file, read from the headers only."""
+    import numpy as np  # here: numpy's OpenBLAS starts a thread, and runner.launch's unshare
+    # (which composes the config, importing this module) needs a process of one thread
+
     found = {}
     with zipfile.ZipFile(path) as archive:
         for member in archive.namelist():
