@@ -77,6 +77,7 @@ def server_sweep(tmp_path_factory):
                 "data.val_samples=8",
                 "trainer.max_steps=3",
                 "trainer.progress=false",
+                "trainer.save_model=false",
                 "trainer.optimizer=sgd",
                 *NO_MODEL,
             ],
@@ -186,6 +187,7 @@ MEMORY_STUDY_TINY = [
     "data.train_samples=64",
     "data.val_samples=8",
     "trainer.max_steps=2",
+    "trainer.save_model=false",
 ]
 
 
