@@ -6,6 +6,7 @@ created under a lock beside it: MLflow's migrations, run by several processes at
 fresh file, failed all of them and left the store broken (issue 16).
 """
 
+import argparse
 import contextlib
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from runner.config.schema import MlflowConfig
 from runner.core.errors import TrackingError
 from runner.core.secrets import move_login_to_env, redact
 from runner.track.server import REPAIR, remote, sqlite_path
@@ -92,3 +94,12 @@ def client_for(uri: str) -> MlflowClient:
             return MlflowClient(tracking_uri=uri)  # creates and migrates the store if need be
         except Exception as err:
             raise _broken_store(db, err) from err
+
+
+def add_tracking_uri(parser: argparse.ArgumentParser) -> None:
+    """The --tracking-uri option of tfmemlab's command-line tools: MLFLOW_TRACKING_URI, else
+    the embedded default store, as in conf/."""
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI", MlflowConfig.tracking_uri),
+    )

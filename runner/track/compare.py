@@ -15,16 +15,14 @@ the pictures runner/report/sweep_plots.py draws from these rows.
 
 import argparse
 import csv
-import os
 from pathlib import Path
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from runner.config.schema import MlflowConfig
 from runner.core.text import cell, table
+from runner.track.client import add_tracking_uri
 
-DEFAULT_URI = MlflowConfig.tracking_uri  # the embedded default store, as in conf/
 # (column, metric key, scale); ratios to the baseline are added for the first three.
 FIGURES = [
     ("peak_MiB", "mem/peak_bytes", 1 / 2**20),
@@ -244,9 +242,7 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument("--sweep", help="parent run id of a sweep")
     parser.add_argument("--experiment", help="experiment name")
     parser.add_argument("--baseline", help="run name or job number to divide by")
-    parser.add_argument(
-        "--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
-    )
+    add_tracking_uri(parser)
     return parser
 
 

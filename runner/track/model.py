@@ -24,7 +24,6 @@ built under (its layers take the global policy): `load` passes both.
 import argparse
 import importlib
 import inspect
-import os
 import pkgutil
 import shutil
 import tempfile
@@ -37,8 +36,8 @@ import tensorflow as tf
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 from mlflow.models import Model, infer_signature
 
-from runner.config.schema import MlflowConfig
 from runner.core.secrets import move_login_to_env
+from runner.track.client import add_tracking_uri
 from runner.track.tracker import Tracker, WorkerTracker
 
 NAME = "model"  # the logged model's name: runs:/<run id>/model
@@ -157,10 +156,7 @@ def command_line() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("uri", help="models:/<model id> or runs:/<run id>/model")
-    parser.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI", MlflowConfig.tracking_uri),
-    )
+    add_tracking_uri(parser)
     return parser
 
 
