@@ -10,13 +10,12 @@ target's last component (`my_models.unet` -> unet, `build_unet` -> unet).
 import ast
 import difflib
 import importlib.util
-import os
-import sys
 
 from omegaconf import DictConfig, open_dict
 
 from models.spec import KERAS_APPLICATIONS, UNIT, input_range
 from runner.config.schema import IMAGE_MODELS
+from runner.core.datafiles import import_path
 from runner.core.errors import ModelError
 
 # Keys of a `_target_` model that tfmemlab reads itself; the rest go to the builder. `name` goes
@@ -62,14 +61,6 @@ def pixel_range(cfg: DictConfig) -> tuple[float, float]:
         given = m.get("input_range")
         return UNIT if given is None else (float(given[0]), float(given[1]))
     return input_range(m.name, m.get("version", "v2"))
-
-
-def import_path() -> None:
-    """The current directory on the import path (`python run.py` puts run.py's folder there
-    instead); a spawned child (a probe) inherits it, even after it changes directory."""
-    here = os.getcwd()
-    if here not in sys.path:
-        sys.path.append(here)
 
 
 def _top_level_names(path: str) -> set[str] | None:

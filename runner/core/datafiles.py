@@ -139,11 +139,14 @@ def npz_arrays(path: str) -> dict[str, tuple[tuple, Any]]:
     return found
 
 
-def _on_path() -> None:
-    """The current directory on sys.path, so a `_target_` beside the user's data is found
-    (run.py's sys.path[0] is the repository, not the folder the command was typed in)."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+def import_path() -> None:
+    """The current directory on the import path, after PYTHONPATH (`python run.py` puts
+    run.py's folder there instead), so a `_target_` beside the user's files is found; a
+    spawned child (a probe) inherits it, even after it changes directory. One rule for the
+    model's and the data's `_target_`."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)
 
 
 def target_module_found(target: str) -> bool:
@@ -152,7 +155,7 @@ def target_module_found(target: str) -> bool:
     module, _, name = str(target).rpartition(".")
     if not module or not name:
         return False
-    _on_path()
+    import_path()
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -161,7 +164,7 @@ def target_module_found(target: str) -> bool:
 
 def import_target(target: str) -> Callable:
     """The function `pkg.mod.fn` names; ImportError or AttributeError if there is none."""
-    _on_path()
+    import_path()
     module, _, name = str(target).rpartition(".")
     found = getattr(importlib.import_module(module), name)
     if not callable(found):

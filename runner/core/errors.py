@@ -62,3 +62,9 @@ class DiskFull(Exception):
         left = "" if free is None else f"; {free / 2**20:.1f} MiB left on that filesystem"
         then = f". {then}" if then else ""
         super().__init__(f"disk full: writing {path} failed ({reason}){left}{then}")
+
+
+def error_line(err: BaseException) -> str:
+    """A user's code's exception in one line: its type and its message's first line."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -15,16 +15,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.spec import DataSpec
 from runner.core import datafiles
-from runner.core.errors import ConfigError
+from runner.core.errors import ConfigError, error_line
 from runner.train.source import Source, image_prepare, pixel_range
 from runner.train.sources import every_kth, split_every_kth
 
 RETURNS = "a function returning a tf.data.Dataset of (input, target), or a (train, val) pair"
-
-
-def _line(err: Exception) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def _call(d: DictConfig):
@@ -32,12 +27,12 @@ def _call(d: DictConfig):
     try:
         fn = datafiles.import_target(d._target_)
     except (ImportError, AttributeError, ValueError) as err:
-        allowed = f"an importable function pkg.module.fn ({_line(err)})"
+        allowed = f"an importable function pkg.module.fn ({error_line(err)})"
         raise ConfigError("data._target_", d._target_, allowed) from None
     try:
         return fn(**OmegaConf.to_container(d.kwargs, resolve=True))
     except Exception as err:  # the user's code: any error, said in one line
-        allowed = f"{RETURNS}; it raised {_line(err)}"
+        allowed = f"{RETURNS}; it raised {error_line(err)}"
         raise ConfigError("data._target_", d._target_, allowed) from err
 
 

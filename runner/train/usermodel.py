@@ -16,8 +16,9 @@ import numpy as np
 
 from models.common import is_graph
 from models.spec import DataSpec
-from runner.config.model import RESERVED, import_path
-from runner.core.errors import ModelError
+from runner.config.model import RESERVED
+from runner.core.datafiles import import_path
+from runner.core.errors import ModelError, error_line
 
 
 def resolve(target: str):
@@ -32,14 +33,9 @@ def resolve(target: str):
     except AttributeError:
         raise ModelError(f"model._target_={target}: module '{module}' has no '{attr}'") from None
     except Exception as err:  # the module itself fails on import
-        failed = f"model._target_={target}: importing {module} failed: {_line(err)}"
+        failed = f"model._target_={target}: importing {module} failed: {error_line(err)}"
         raise ModelError(failed) from None
     return found
-
-
-def _line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 def _kwargs(m, builder) -> dict:
@@ -89,7 +85,7 @@ def check_fits(model, spec: DataSpec, label: str) -> keras.Model:
     except Exception as err:
         raise ModelError(
             f"{label} cannot take the data's input {tuple(spec.input_shape)} ({spec.kind}): "
-            f"{_line(err)}"
+            f"{error_line(err)}"
         ) from None
     got = tuple(getattr(out, "shape", ()))[1:]
     if got != _expected(spec):
@@ -118,5 +114,5 @@ def build_target(m, spec: DataSpec) -> keras.Model:
     except ModelError:
         raise
     except Exception as err:
-        raise ModelError(f"{label} failed to build: {_line(err)}") from None
+        raise ModelError(f"{label} failed to build: {error_line(err)}") from None
     return check_fits(model, spec, label)
