@@ -188,6 +188,7 @@ MEMORY_STUDY_TINY = [
     "data.val_samples=8",
     "trainer.max_steps=2",
     "trainer.save_model=false",
+    "trainer.jit_compile=false",  # six compilations by XLA would be most of the test's time
 ]
 
 

@@ -62,6 +62,9 @@ class Memory:
         if self.source != "rss" and not self._allocator_counts():
             self.source = "rss"
         gc.collect()  # drop what earlier jobs no longer reference before taking the baseline
+        # What is alive now stays for the job (modules, earlier jobs' results): frozen, the
+        # collections during the job skip it (each scanned ~500,000 objects: ~1.5 s).
+        gc.freeze()
         self.baseline = 0
         self.baseline = self.current()
         self.start_rss = psutil.Process().memory_info().rss
