@@ -211,3 +211,6 @@ def test_architectures_compares_models_on_purpose_and_nothing_else(store):
     assert all("*" not in line for line in shown[1:5]) and "data.image_size" in shown[-1]
     # Without sweep.varies, every model's ratios are marked unlike the baseline's.
     assert {r["differs"] for r in compare.rows(runs, "0")[1:4]} == {"model.name params_total"}
+    # The terminal's table of the same sweep, told what varies: the sweep's own rows.
+    again = compare.main(["--sweep", parent, "--tracking-uri", store, "--varies", "model"])
+    assert again == out

@@ -152,7 +152,11 @@ def labels(runs: list[Run], base: Run | None, varies=()) -> list[str]:
             label = run.info.run_name
         elif run is base:
             params = base.data.params
-            own = [f.format(params[k]) for k, f in CHOICES.items() if _varied(k, varies)]
+            own = [
+                f.format(params[k])
+                for k, f in CHOICES.items()
+                if k in params and _varied(k, varies)
+            ]
             label = " ".join([*own, "(baseline)"]) if own else "baseline"
         else:
             label = label_for(run.data.params, base.data.params)
