@@ -26,6 +26,11 @@ LABELS = ["baseline", "mixed", "bf16", "accum=4", "checkpointing=blocks", "pruni
 # (peak MiB, step s, samples/s) per job; bf16 lands on the baseline's spot, as it did on a CPU.
 FIGURES = [(200, 1.0, 16.0), (210, 2.0, 8.0), (200, 1.0, 16.0), (150, 4.0, 4.0), (120, 1.3, 12.3)]
 FIGURES += [(205, 1.1, 14.5)]
+ARCH = preset_jobs("architectures")  # ResNet50, MobileNetV2, MobileNetV3Small, EfficientNetB0
+# params/total of each at 10 classes, as the preset's jobs logged them.
+ARCH_PARAMS = {"ResNet50": 23_608_202, "MobileNetV2": 2_270_794}
+ARCH_PARAMS |= {"MobileNetV3Small": 1_540_218, "EfficientNetB0": 4_062_381}
+ARCH_FIGURES = [(472, 0.78, 21.0), (133, 0.22, 66.0), (67, 0.10, 158.0), (201, 0.41, 33.0)]
 
 
 def _params(overrides: list[str]) -> dict[str, str]:
@@ -33,7 +38,9 @@ def _params(overrides: list[str]) -> dict[str, str]:
     cfg = compose_config(overrides)
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     params["effective_batch_size"] = cfg.data.batch_size * cfg.accum
-    params["params_total"] = 12 * cfg.model.h**2 * cfg.model.layers
+    params["params_total"] = (
+        ARCH_PARAMS.get(cfg.model.name) or 12 * cfg.model.h**2 * cfg.model.layers
+    )
     params["remat/policy"] = cfg.checkpointing.policy
     return {k: str(v) for k, v in params.items()}
 
@@ -48,14 +55,15 @@ def _metrics(params: dict[str, str], peak: float, step: float, rate: float) -> d
     return {
         **metrics,
         "mem/peak_bytes": peak * MIB,
+        "params/total": float(params["params_total"]),
         "speed/step_time_s_p50": step,
         "speed/samples_per_s": rate,
     }
 
 
-def _log_job(client, experiment, num: int, overrides: list[str], figures) -> None:
+def _log_job(client, experiment, num: int, overrides: list[str], figures, sweep="s") -> None:
     run = client.create_run(
-        experiment, run_name=" ".join(overrides), tags={"job_num": str(num), "sweep_id": "s"}
+        experiment, run_name=" ".join(overrides), tags={"job_num": str(num), "sweep_id": sweep}
     )
     params = _params(overrides)
     items = [Param(k, v) for k, v in params.items()]
@@ -177,3 +185,32 @@ def test_memory_breakdown_stacks_the_estimate_beside_the_peak(study):
     assert [b.get_height() for b in bars[-len(LABELS) :]] == [f[0] for f in FIGURES]
     assert [t.get_text() for t in ax.get_xticklabels()] == LABELS
     assert [t.get_text() for t in ax.get_legend().get_texts()][-1] == "measured peak"
+
+
+def test_architectures_compares_models_on_purpose_and_nothing_else(store):
+    """+experiment=architectures' sweep settings (sweep.baseline, sweep.varies), read as the
+    sweep's end reads them (runner.sweep.callback.comparison): its models differ on purpose, so
+    no ratio is marked; a job at another image size still is."""
+    from runner.sweep.callback import comparison
+
+    client = MlflowClient(tracking_uri=store)
+    experiment = client.create_experiment("architectures")
+    parent = client.create_run(experiment, tags={"sweep": "parent"}).info.run_id
+    smaller = (ARCH[1] + ["data.image_size=32"], (60, 0.1, 100.0))
+    for num, (job, figures) in enumerate([*zip(ARCH, ARCH_FIGURES, strict=True), smaller]):
+        _log_job(client, experiment, num, job, figures, sweep=parent)
+    runs, out = comparison(client, parent, compose_config(["+experiment=architectures"]).sweep)
+    apps = ["MobileNetV2", "MobileNetV3Small", "EfficientNetB0"]
+    assert [r["job"] for r in out[:4]] == [f"model={a}" for a in ["ResNet50 (baseline)", *apps]]
+    assert [r["differs"] for r in out] == ["", "", "", "", "data.image_size"]
+    assert [r["params_M"] for r in out[:4]] == pytest.approx(
+        [n / 1e6 for n in ARCH_PARAMS.values()]
+    )
+    assert out[3]["peak_MiB/base"] == pytest.approx(201 / 472)
+    shown = compare.text(out).splitlines()
+    assert all("*" not in line for line in shown[1:5]) and "data.image_size" in shown[-1]
+    # Without sweep.varies, every model's ratios are marked unlike the baseline's.
+    assert {r["differs"] for r in compare.rows(runs, "0")[1:4]} == {"model.name params_total"}
+    # The terminal's table of the same sweep, told what varies: the sweep's own rows.
+    again = compare.main(["--sweep", parent, "--tracking-uri", store, "--varies", "model"])
+    assert again == out

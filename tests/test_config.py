@@ -143,6 +143,7 @@ BAD_INPUT = [
     (["model.h=10", "model.heads=4"], "model.h=10", "multiple of model.heads=4"),
     (["-m", "precision=fp32,mixd"], "precision=mixd", "bf16, fp32, mixed"),
     (["trainer.optimizer=adagrad"], "trainer.optimizer=adagrad", "adam, adamw, sgd"),
+    (["sweep.varies=[modle]"], "sweep.varies=modle", "a list of config groups or keys"),
     (["distribution=parallel"], "distribution=parallel", "mirrored, multi_worker, none"),
     (
         ["distribution=mirrored", "distribution.logical_cpus=1"],
@@ -187,15 +188,18 @@ def test_command_line_check_does_not_import_tensorflow():
     assert result.returncode == 0, result.stderr
 
 
-def test_memory_study_sweeps_every_variant():
+def test_each_variant_is_swept_by_one_preset():
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=["+experiment=memory_study"], return_hydra_config=True
-        )
-    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    variants = cfg.hydra.sweeper.params["variant"].split(",")
-    assert sorted(variants) == sorted(p.stem for p in (CONF_DIR / "variant").glob("*.yaml"))
+    swept, cfgs = [], {}
+    for preset in ("memory_study", "architectures"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            overrides = [f"+experiment={preset}"]
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+        swept += cfg.hydra.sweeper.params["variant"].split(",")
+        cfgs[preset] = cfg
+    assert sorted(swept) == sorted(p.stem for p in (CONF_DIR / "variant").glob("*.yaml"))
+    cfg = cfgs["memory_study"]
     assert cfg.model.name == "transformer" and cfg.mlflow.experiment == "memory_study"

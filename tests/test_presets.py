@@ -14,7 +14,7 @@ from runner.track.tracker import flatten
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 # The effective batch (data.batch_size x accum) each preset's comment promises for every job:
 # its ratios compare techniques, not batch sizes. A new preset must say its own here.
-EFFECTIVE_BATCH = {"memory_study": 16}
+EFFECTIVE_BATCH = {"memory_study": 16, "architectures": 16}
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -79,3 +79,21 @@ def test_memory_study_accumulates_four_micro_batches_of_four():
     assert (cfg.data.batch_size, cfg.accum) == (4, 4)
     # Not a plain run: the isolated child of a sweep job composes it again with this.
     assert _compose([*job, "hydra.mode=RUN"]).data.batch_size == 4
+
+
+def test_architectures_trains_four_models_on_the_same_job():
+    """Each job gets its keras.applications model, ResNet50 first (the baseline), and every
+    other key of the job (data, image size, batch, steps, trainer) equal to the others'."""
+    cfgs = [_compose([*job, "hydra.mode=RUN"]) for job in preset_jobs("architectures")]
+    assert [c.hydra.runtime.choices.model for c in cfgs] == ["keras_app"] * 4
+    names = [c.model.name for c in cfgs]
+    assert names == ["ResNet50", "MobileNetV2", "MobileNetV3Small", "EfficientNetB0"]
+    assert cfgs[0].sweep.baseline == "0" and list(cfgs[0].sweep.varies) == ["model"]
+    rest = []
+    for cfg in cfgs:
+        validate(cfg)
+        job = OmegaConf.masked_copy(cfg, sorted(set(cfg) - {"model", "hydra"}))
+        rest.append(flatten(OmegaConf.to_container(job, resolve=True)))
+    assert all(r == rest[0] for r in rest), [set(r.items()) ^ set(rest[0].items()) for r in rest]
+    data = (rest[0]["data.name"], rest[0]["data.image_size"], rest[0]["data.batch_size"])
+    assert data == ("digits", 64, 16)

@@ -227,6 +227,9 @@ class MlflowConfig:
 class SweepConfig:
     # The job the sweep's comparison divides by: a run name or job number; None: the first.
     baseline: str | None = None
+    # Config groups or keys the jobs compare on purpose (e.g. [model]): the comparison does not
+    # mark a difference there as unlike (runner/track/compare.py).
+    varies: list[str] = field(default_factory=list)
     # Each job in a fresh process (memory figures of one job must not depend on the jobs
     # before it); false: jobs run in the sweep's process, faster to start.
     isolate: bool = True

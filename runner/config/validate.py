@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 from runner.config.data_checks import check_data_source
@@ -290,3 +290,6 @@ def validate(cfg: DictConfig) -> None:
     _validate_trainer(cfg)
     _check_min(cfg, "profile.steps", 1)
     _check_min(cfg, "profile.repeats", 1)
+    for key in cfg.sweep.varies:  # a misspelt group would leave its differences marked unlike
+        known = OmegaConf.select(cfg, key, default=ConfigError) is not ConfigError
+        _require(known, "sweep.varies", key, "a list of config groups or keys, e.g. [model]")

@@ -113,8 +113,7 @@ class SweepCallback(Callback):
         if parent_id is None:
             return
         client = client_for(config.mlflow.tracking_uri)
-        runs = compare.sweep_runs(client, parent_id)
-        rows = compare.rows(runs, config.sweep.baseline)
+        runs, rows = comparison(client, parent_id, config.sweep)
         name_runs(client, runs, rows)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +128,13 @@ class SweepCallback(Callback):
         client.set_tag(parent_id, "failed_jobs", str(len(failed)))
         client.set_terminated(parent_id, status="FINISHED")
         print(summary)
+
+
+def comparison(client: MlflowClient, parent_id: str, sweep) -> tuple[list[Run], list[dict]]:
+    """The sweep's jobs and their comparison rows, divided by its `sweep.baseline`, with the
+    groups it compares on purpose (`sweep.varies`) not marked unlike."""
+    runs = compare.sweep_runs(client, parent_id)
+    return runs, compare.rows(runs, sweep.baseline, list(sweep.varies))
 
 
 def stop(uri: str, signum: int) -> None:

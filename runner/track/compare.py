@@ -30,6 +30,7 @@ FIGURES = [
     ("samples_per_s", "speed/samples_per_s", 1.0),
     ("mfu", "speed/mfu", 1.0),
     ("val_accuracy", "val/accuracy", 1.0),
+    ("params_M", "params/total", 1e-6),
 ]
 RATIOS = ("peak_MiB", "step_s", "samples_per_s")
 # The estimate's parts (mem/estimate/<part>_bytes), kept as est_<part>_MiB in the CSV.
@@ -40,6 +41,8 @@ PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "activatio
 # the effective batch is what must match.
 LIKE_FOR_LIKE = ("effective_batch_size", "params_total", "model.", "data.")
 MICRO_BATCH = "data.batch_size"
+# The parameter count follows from the model: a sweep that varies the model varies it too.
+FOLLOWS = {"params_total": "model"}
 # Group keys that name a choice: when one differs, its label part stands for the whole group.
 CHOICES = {
     "model.name": "model={}",
@@ -75,24 +78,26 @@ def experiment_runs(client: MlflowClient, name: str) -> list[Run]:
     return [r for r in runs if r.data.tags.get("sweep") != "parent"]
 
 
-def rows(runs: list[Run], baseline: str | None = None) -> list[dict]:
+def rows(runs: list[Run], baseline: str | None = None, varies=()) -> list[dict]:
     """One row per run: its label, status, what differs from the baseline, figures, estimate
     parts and ratios to the baseline run.
 
     The baseline is the run with that name (or original name, tag `overrides`) or job number,
-    else the first finished run.
+    else the first finished run. `varies` names the config groups or keys the runs compare on
+    purpose (sweep.varies: `model` in +experiment=architectures): a difference there is the
+    comparison itself, not a flaw in it, so it is left out of `differs`.
     """
     base = _baseline(runs, baseline)
     base_params = base.data.params if base else {}
     out = []
-    for run, label in zip(runs, labels(runs, base), strict=True):
+    for run, label in zip(runs, labels(runs, base, varies), strict=True):
         metrics, tags = run.data.metrics, run.data.tags
         row = {
             "job": label,
             "job_num": tags.get("job_num", ""),
             "status": run.info.status,
             "failure": tags.get("failure", ""),
-            "differs": " ".join(differs(run.data.params, base_params)),
+            "differs": " ".join(differs(run.data.params, base_params, varies)),
             # A resumed run's figures cover the steps after its checkpoint (trainer.resume).
             "covers_steps": tags.get("figures_cover_steps", ""),
             # The model the job kept (runner/track/model.py): mlflow.keras.load_model(uri).
@@ -123,22 +128,38 @@ def _baseline(runs: list[Run], name: str | None) -> Run | None:
     return finished[0] if finished else None
 
 
-def differs(params: dict, base: dict) -> list[str]:
-    """The keys that make a ratio to the baseline compare unlike things."""
+def differs(params: dict, base: dict, varies=()) -> list[str]:
+    """The keys that make a ratio to the baseline compare unlike things: those of
+    LIKE_FOR_LIKE that differ, but for the groups or keys in `varies`."""
     if not params or not base:  # a run that failed before logging its config
         return []
     keys = (params.keys() | base.keys()) - {MICRO_BATCH}
-    return sorted(k for k in keys if k.startswith(LIKE_FOR_LIKE) and params.get(k) != base.get(k))
+    keys = {k for k in keys if k.startswith(LIKE_FOR_LIKE) and not _varied(k, varies)}
+    return sorted(k for k in keys if params.get(k) != base.get(k))
 
 
-def labels(runs: list[Run], base: Run | None) -> list[str]:
-    """Each run named by what differs from the baseline, unique within the list."""
+def _varied(key: str, varies) -> bool:
+    key = FOLLOWS.get(key, key)
+    return any(key == v or key.startswith(f"{v}.") for v in varies)
+
+
+def labels(runs: list[Run], base: Run | None, varies=()) -> list[str]:
+    """Each run named by what differs from the baseline, unique within the list; the baseline
+    says its own value of what the runs vary on purpose (`model=ResNet50 (baseline)`)."""
     out: list[str] = []
     for run in runs:
         if base is None or not run.data.params:
             label = run.info.run_name
+        elif run is base:
+            params = base.data.params
+            own = [
+                f.format(params[k])
+                for k, f in CHOICES.items()
+                if k in params and _varied(k, varies)
+            ]
+            label = " ".join([*own, "(baseline)"]) if own else "baseline"
         else:
-            label = "baseline" if run is base else label_for(run.data.params, base.data.params)
+            label = label_for(run.data.params, base.data.params)
         if label in out:  # e.g. a job repeated on purpose: same config as an earlier one
             num = run.data.tags.get("job_num")
             label += f" (job {num})" if num else f" (run {run.info.run_id[:8]})"
@@ -242,6 +263,14 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument("--sweep", help="parent run id of a sweep")
     parser.add_argument("--experiment", help="experiment name")
     parser.add_argument("--baseline", help="run name or job number to divide by")
+    parser.add_argument(
+        "--varies",
+        nargs="+",
+        default=[],
+        metavar="KEY",
+        help="config groups or keys the runs compare on purpose (e.g. model): left out of "
+        "the like-for-like check, as sweep.varies does",
+    )
     add_tracking_uri(parser)
     return parser
 
@@ -258,7 +287,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = experiment_runs(client, args.experiment)
     else:
         runs = [client.get_run(run_id) for run_id in args.run_ids]
-    out = rows(runs, args.baseline)
+    out = rows(runs, args.baseline, args.varies)
     print(text(out))
     return out
 
