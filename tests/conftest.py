@@ -48,6 +48,7 @@ TINY_TRAINER = ["trainer.max_steps=3", "trainer.progress=false", *NO_MODEL]
 # CPU BFC limit of 48 or 64 MB (TF_CPU_BFC_MEM_LIMIT_IN_MB) small micro-batches fit, 256 runs
 # out of memory, and the micro-batch that fits best is tens of examples.
 MEMORY_BOUND = [
+    "trainer.jit_compile=false",  # XLA's compilation was most of each probe's time
     "model.h=32",
     "model.layers=1",
     "model.heads=2",
