@@ -200,7 +200,9 @@ def test_plan_measure_probes_each_row_that_fits_and_shows_it_beside_the_predicti
 
 
 @pytest.mark.slow
-def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(tmp_path, monkeypatch):
+def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(
+    tmp_path, store, monkeypatch
+):
     """In a fresh process, as its memory limit must be set before TensorFlow starts; with
     techniques that are not the defaults, to show they are held fixed while it searches."""
     technique = [
@@ -210,7 +212,6 @@ def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(tmp
         "pruning=polynomial",
         "pruning.frequency=2",
     ]
-    store = f"sqlite:///{tmp_path}/mlflow.db"
     budget = 48
     env = {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(budget)}
     result = run_cli(

@@ -64,8 +64,7 @@ TECHNIQUES = ["accum=2", "precision=mixed", "pruning=polynomial", "pruning.frequ
 
 
 @pytest.mark.slow
-def test_a_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_a_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, store):
     run_dir = tmp_path / "killed"
     job = _start(_job(store, run_dir, *TECHNIQUES), tmp_path)
     index = run_dir / "checkpoints" / "checkpoint"
@@ -162,8 +161,7 @@ def _wait_for_logged_steps(store: str, run_dir: Path, job: subprocess.Popen) -> 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trains", [False, True], ids=["while-it-starts", "while-it-trains"])
-def test_sigterm_finishes_the_step_checkpoints_and_marks_the_run_killed(tmp_path, trains):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_sigterm_finishes_the_step_checkpoints_and_marks_the_run_killed(tmp_path, store, trains):
     run_dir = tmp_path / "run"
     args = [*tiny_overrides("transformer", store), "trainer.max_steps=100000"]
     job = _start([*args, f"hydra.run.dir={run_dir}"], tmp_path)
@@ -231,11 +229,10 @@ def test_a_nan_loss_fails_the_run_and_keeps_the_last_checkpoint(
     assert int(reader.get_tensor(done[0])) == bad - 1  # the last finite step, not the NaN one
 
 
-def test_a_reopened_run_logs_no_metric_at_a_step_it_already_has(tmp_path):
+def test_a_reopened_run_logs_no_metric_at_a_step_it_already_has(tmp_path, store):
     from runner.config import compose_config
     from runner.track.lifecycle import mlflow_run
 
-    store = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = compose_config(tiny_overrides("transformer", store))
     with mlflow_run(cfg, "job") as tracker:  # flushed steps 1-10, as before a kill
         for step in range(1, 11):
@@ -261,8 +258,9 @@ def test_a_reopened_run_logs_no_metric_at_a_step_it_already_has(tmp_path):
 
 
 @pytest.mark.slow
-def test_out_of_memory_fails_the_job_with_its_levers_and_a_smaller_micro_batch_then_fits(tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_out_of_memory_fails_the_job_with_its_levers_and_a_smaller_micro_batch_then_fits(
+    tmp_path, store
+):
     result = run_cli(
         [
             "-m",

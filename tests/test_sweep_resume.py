@@ -211,8 +211,7 @@ def _by_job(client: MlflowClient, parent: str) -> dict[str, list]:
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_path, store):
     sweep_dir = tmp_path / "sweep"
     # 60 steps, a checkpoint every 5: after job 3's first checkpoint it has 55 steps to go
     # (seconds), ample for the kill to reach it mid-run.
@@ -282,8 +281,7 @@ def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("isolate", ["true", "false"])
-def test_ctrl_c_stops_the_sweep_after_a_checkpoint_and_the_sweep_resumes(tmp_path, isolate):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_ctrl_c_stops_the_sweep_after_a_checkpoint_and_the_sweep_resumes(tmp_path, store, isolate):
     sweep_dir = tmp_path / "sweep"
     # The tiny model: its steps take milliseconds, and 290 of them after the first checkpoint
     # still leave the Ctrl-C seconds to arrive mid-job.

@@ -5,19 +5,38 @@ A fresh process each (runner/core/process.py): TensorFlow keeps memory for the l
 process, so what one probe allocates must not count in another, nor in the run that follows.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 from dataclasses import asdict
+from pathlib import Path
 
+from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import with_batch
 from runner.core.errors import PlanError
 from runner.core.process import in_fresh_process
+from runner.measure.cpu_peak import CACHE_FILE
 from runner.plan.line import CAP, Line, data_spec, device_info, divisors, estimate_line
+from runner.report.figures import CACHE_DIR
 from runner.train import pipeline
 
 PROBE_STEPS = 3
+_TEMPLATE: list[Path] = []  # an empty MLflow store, made once per process (_empty_store)
+
+
+def _empty_store(folder: str) -> str:
+    """A throw-away MLflow store in folder: a copy of an empty one made once in this process
+    (MLflow's schema migrations took 3.7 s for each new SQLite store, in each probe)."""
+    if not _TEMPLATE:
+        home = Path(tempfile.mkdtemp(prefix="tfmemlab-probe-store-"))
+        atexit.register(shutil.rmtree, home, True)
+        MlflowClient(tracking_uri=f"sqlite:///{home}/empty.db").search_experiments()
+        _TEMPLATE.append(home / "empty.db")
+    shutil.copy(_TEMPLATE[0], Path(folder) / "probe.db")
+    return f"sqlite:///{folder}/probe.db"
 
 
 def _quiet() -> None:
@@ -31,12 +50,23 @@ def _probe_in_child(container: dict, folder: str) -> dict:
     """Runs in a fresh process: PROBE_STEPS optimizer steps of the job, its measured peak."""
     import tensorflow as tf
 
+    # The CPU's calibrated peak FLOP/s and bandwidth are cached in ./outputs (figures.CACHE_DIR):
+    # the probe reads and adds to the job's own cache rather than calibrating again in its
+    # throw-away folder (2-3 s a probe, measured).
+    cache = (CACHE_DIR / CACHE_FILE).resolve()
     os.chdir(folder)  # the probe's run directory goes to the throw-away folder
+    if cache.is_file():
+        CACHE_DIR.mkdir(exist_ok=True)
+        shutil.copy(cache, CACHE_DIR / CACHE_FILE)
     _quiet()
     try:
         figures = pipeline.run(OmegaConf.create(container))
     except tf.errors.ResourceExhaustedError:
         return {"peak_bytes": None, "oom": True}
+    finally:
+        if (CACHE_DIR / CACHE_FILE).is_file():
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(CACHE_DIR / CACHE_FILE, cache)
     return {"peak_bytes": int(figures["mem/peak_bytes"]), "oom": False}
 
 
@@ -97,7 +127,7 @@ def probe(cfg: DictConfig, b: int, accum: int, capped: bool = True) -> dict:
                 "trainer.progress": False,
                 "trainer.save_model": False,  # a probe's model is thrown away
                 "profile.layers": False,
-                "mlflow.tracking_uri": f"sqlite:///{tmp}/probe.db",
+                "mlflow.tracking_uri": _empty_store(tmp),
                 "mlflow.experiment": "probe",
                 "mlflow.run_name": f"probe b={b}",
                 "mlflow.system_metrics": False,
