@@ -73,6 +73,20 @@ def test_bad_plan_input_is_one_line(args, expected):
     assert message.startswith(expected) and len(message.splitlines()) == 1, message
 
 
+def test_the_plan_reads_a_model_of_ones_own_from_config_dir(capsys, monkeypatch):
+    """`python -m runner.plan --config-dir DIR` composes the user's model YAML as run.py does
+    (examples/conf/model/unet.yaml): one row, the estimate of a tiny U-Net, in this process."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))  # my_models, as PYTHONPATH gives it
+    args = ["--config-dir", str(REPO / "examples" / "conf"), "model=unet", "data.image_size=8"]
+    one_row = ["plan.precisions=[fp32]", "plan.policies=[none]"]
+    budget = ["trainer.effective_batch_size=16", "plan.budget=64MiB"]
+    stdout = _plan_here([*args, *one_row, *budget], capsys)
+    assert "model=unet, effective batch 16" in stdout
+    (row,) = _rows(stdout)
+    assert (row["precision"], row["checkpointing"], row["fits"]) == ("fp32", "none", "yes")
+    assert 0 < float(row["predicted_MiB"]) < 64
+
+
 def _rows(stdout: str) -> list[dict]:
     lines = stdout.splitlines()
     start = next(
