@@ -121,6 +121,29 @@ def test_tfrecord_tokens_next_token_targets_and_val_files(tmp_path, store):
     validate(compose_config(overrides))  # the same tiny transformer trains on data=text below
 
 
+def test_a_short_token_record_further_on_stops_the_run_in_one_line(tmp_path, store):
+    """The first record is checked before TensorFlow loads (the table below); a shorter one
+    further on is found when the pipeline reaches it, and named with its file and index. All
+    but the first are short here, so that the first batch, drawn in data setup before the
+    model is built, meets one (which one depends on the shuffle)."""
+    examples = token_examples(1, key="ids") + [{"ids": ("int64", [1, 2, 3, 4, 5])}] * 11
+    path = write_records(tmp_path / "short.tfrecord", examples)
+    overrides = tiny(
+        "transformer", store, "data=tfrecord", f"data.path={path}", "data.tokens_key=ids",
+        "data.vocab_size=16",
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        train(overrides)
+    start = (
+        "data.seq_len=8: not allowed; expected at most 4, or records of at least 9 tokens "
+        "(seq_len + 1: the inputs and their next-token targets); record "
+    )
+    message = str(err.value)
+    assert message.startswith(start), message
+    index, _, rest = message.removeprefix(start).partition(" ")
+    assert 1 <= int(index) <= 11 and rest == f"of {path} holds 5 under data.tokens_key=ids"
+
+
 def write_npz(path, x, y, **more) -> str:
     np.savez(path, x=x, y=y, **more)
     return str(path)
