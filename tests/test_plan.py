@@ -3,15 +3,17 @@ real probes in fresh processes and a real MLflow store."""
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
-from runner.core.errors import PlanError
+from runner.core.errors import ConfigError, DiskFull, Interrupted, PlanError
 from runner.core.units import parse_bytes
 from runner.plan.__main__ import main
 from runner.plan.line import divisors
@@ -29,6 +31,22 @@ def test_budgets_are_read_in_bytes_and_units():
         with pytest.raises(PlanError, match=f"plan.budget={bad}: expected bytes or a number"):
             parse_bytes(bad)
     assert divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConfigError("data.seq_len", 8, "at most 4"),
+        DiskFull("/runs/x/ckpt-3", "No space left on device", 2**20, "kept ckpt-2"),
+        Interrupted(15, 7, Path("/runs/x")),
+    ],
+)
+def test_an_error_comes_back_whole_from_a_probe_process(error):
+    """A probe's error reaches accum=auto pickled (runner/core/process.py): one rebuilt from
+    its message alone raised in the pool's result thread, and the parent waited forever."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert vars(back) == vars(error)
 
 
 def _plan(args: list[str]):
