@@ -106,7 +106,7 @@ def _evaluate(cfg, built: Built, eval_step) -> dict:
     """The validation figures; with trainer.bn_recalibrate=N, BatchNorm statistics first
     re-estimated on N training micro-batches (runner/train/batchnorm.py)."""
     if cfg.trainer.bn_recalibrate:
-        batches = iter(built.data.train)  # its own pass: the training order is left as it was
+        batches = iter(built.data.twin())  # a copy's batches: training's order is left as is
         batchnorm.recalibrate(built.model, batches, cfg.trainer.bn_recalibrate)
     return evaluate(eval_step, built.data, cfg.trainer.eval_batches)
 
