@@ -261,6 +261,20 @@ def test_custom_images_reach_the_model_range(custom_module):
     assert -1.0 <= float(tf.reduce_min(xs)) and float(tf.reduce_max(xs)) <= 1.0
 
 
+def test_a_data_module_that_fails_on_import_is_one_line(custom_module, tmp_path):
+    """The same reasons as a model's _target_ (runner/core/targets.py): a module that raises
+    when imported is named with its error, not left to a traceback."""
+    (tmp_path / "brokendata.py").write_text("raise RuntimeError('no credentials for the bucket')\n")
+    cfg = compose_config([*TINY["transformer"][:-1], "data=custom", "data._target_=brokendata.make",
+                          "data.vocab_size=16"])  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        build_data(cfg, image_model=False)
+    assert str(err.value) == (
+        "data._target_=brokendata.make: not allowed; expected an importable function "
+        "pkg.module.fn: importing brokendata failed: RuntimeError: no credentials for the bucket"
+    )
+
+
 # --- bad input: one line naming the key, the bad value and what is allowed -------------------
 
 
@@ -296,7 +310,9 @@ CHECKED = [  # (overrides, the start of the line, what it says is allowed)
     ([*MOBILENET, "data=text", "data.path={d}/t.txt"], "data=text", "model=transformer"),
     (["data=text", "data.path={d}/t.txt", "data.seq_len=40"], "data.seq_len=40", "2 windows"),
     (["data=custom", "data._target_=nosuchmodule.make"], "data._target_=nosuchmodule.make",
-     "in the current directory or on PYTHONPATH"),
+     "pkg.module.fn: no module named 'nosuchmodule' in the current directory or on PYTHONPATH"),
+    (["data=custom", "data._target_=userdata.token"], "data._target_=userdata.token",
+     "module 'userdata' ({d}/userdata.py) has no 'token'; did you mean tokens?"),
 ]  # fmt: skip
 
 
@@ -319,7 +335,7 @@ def test_custom_target_is_found_in_the_current_directory(files, monkeypatch):
 
 
 BUILT = [  # what only the function can tell: found when the data is built
-    ("nosuch", "data._target_=userdata.nosuch", "(AttributeError: module 'userdata' has no"),
+    ("nosuch", "data._target_=userdata.nosuch", "pkg.module.fn: module 'userdata' has no 'nosuch'"),
     ("fails", "data._target_=userdata.fails",
      "; it raised FileNotFoundError: no shard at /data/x-0001"),
     ("not_a_dataset", "data._target_=userdata.not_a_dataset", "; it returned list"),

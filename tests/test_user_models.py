@@ -202,7 +202,7 @@ def test_a_bad_builder_is_one_line(tmp_path, monkeypatch, target, message):
             {"model/mine.yaml": "_target_: nowhere.build\n"},
             ["model=mine"],
             "error: model._target_=nowhere.build: no module named 'nowhere' in the current "
-            "directory and PYTHONPATH",
+            "directory or on PYTHONPATH",
         ),
         (
             {"model/mine.yaml": "_target_: my_models.unit\n"},
