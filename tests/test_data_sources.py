@@ -157,8 +157,10 @@ def test_arrays_images_in_the_model_range(tmp_path):
     data = build_data(compose_config([*TINY["mobilenet"], "data.batch_size=4", "data=arrays",
                                       f"data.path={path}"]), image_model=True)  # fmt: skip
     assert data.train_size == 32 and data.spec.num_classes == CLASSES  # largest label + 1
-    xs, _ = next(iter(data.train))
-    assert xs.shape == (4, 32, 32, 3)
+    # An epoch's batches, not the first one: which images come first depends on the global
+    # seed, which an earlier run(cfg) in the same process sets.
+    xs = tf.concat([x for x, _ in data.train.take(data.steps_per_epoch)], axis=0)
+    assert xs.shape == (32, 32, 32, 3)
     low, high = SIGNED_UNIT  # 20..239 of [0, 255] onto MobileNetV2's [-1, 1]
     assert low < float(tf.reduce_min(xs)) < -0.8 and 0.8 < float(tf.reduce_max(xs)) < high
 
