@@ -2,6 +2,7 @@
 
 from mlflow.tracking import MlflowClient
 
+from runner.config import compose_config
 from tests.conftest import NO_MODEL, TINY, TINY_DATA, run_cli
 
 TINY_ARGS = TINY["transformer"] + TINY_DATA + ["trainer.max_steps=3", *NO_MODEL]
@@ -32,9 +33,22 @@ def test_mixed_precision_with_accumulation_as_typed(tmp_path, store):
 
 
 def test_cfg_job_prints_the_composed_config(tmp_path):
-    result = run_cli(["--cfg", "job", "accum=4", "model=mobilenet"], cwd=tmp_path, timeout=60)
+    """With a user's folder (--config-dir) whose model/mobilenet.yaml is named like a shipped
+    one: it does not shadow conf/'s, for Hydra nor for the command-line check nor for
+    compose_config (runner.plan, the tests). Hydra puts --config-dir after conf/ on its search
+    path (`--info searchpath`: hydra, main = conf/, command-line, schema), and a config is
+    taken from the first folder that has it. The user's file holds a version the check would
+    refuse, so a check that read it first would stop the command."""
+    mine = tmp_path / "myconf"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "mobilenet.yaml").write_text(
+        "defaults:\n  - base_mobilenet\n  - _self_\nversion: v9\n"
+    )
+    args = ["--config-dir", str(mine), "--cfg", "job", "accum=4", "model=mobilenet"]
+    result = run_cli(args, cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "accum: 4" in result.stdout and "version: v2" in result.stdout
+    assert compose_config(["model=mobilenet"], config_dir=mine).model.version == "v2"
 
 
 def test_help_lists_the_config_groups(tmp_path):

@@ -121,6 +121,29 @@ def test_tfrecord_tokens_next_token_targets_and_val_files(tmp_path, store):
     validate(compose_config(overrides))  # the same tiny transformer trains on data=text below
 
 
+def test_a_short_token_record_further_on_stops_the_run_in_one_line(tmp_path, store):
+    """The first record is checked before TensorFlow loads (the table below); a shorter one
+    further on is found when the pipeline reaches it, and named with its file and index. All
+    but the first are short here, so that the first batch, drawn in data setup before the
+    model is built, meets one (which one depends on the shuffle)."""
+    examples = token_examples(1, key="ids") + [{"ids": ("int64", [1, 2, 3, 4, 5])}] * 11
+    path = write_records(tmp_path / "short.tfrecord", examples)
+    overrides = tiny(
+        "transformer", store, "data=tfrecord", f"data.path={path}", "data.tokens_key=ids",
+        "data.vocab_size=16",
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        train(overrides)
+    start = (
+        "data.seq_len=8: not allowed; expected at most 4, or records of at least 9 tokens "
+        "(seq_len + 1: the inputs and their next-token targets); record "
+    )
+    message = str(err.value)
+    assert message.startswith(start), message
+    index, _, rest = message.removeprefix(start).partition(" ")
+    assert 1 <= int(index) <= 11 and rest == f"of {path} holds 5 under data.tokens_key=ids"
+
+
 def write_npz(path, x, y, **more) -> str:
     np.savez(path, x=x, y=y, **more)
     return str(path)
@@ -134,8 +157,10 @@ def test_arrays_images_in_the_model_range(tmp_path):
     data = build_data(compose_config([*TINY["mobilenet"], "data.batch_size=4", "data=arrays",
                                       f"data.path={path}"]), image_model=True)  # fmt: skip
     assert data.train_size == 32 and data.spec.num_classes == CLASSES  # largest label + 1
-    xs, _ = next(iter(data.train))
-    assert xs.shape == (4, 32, 32, 3)
+    # An epoch's batches, not the first one: which images come first depends on the global
+    # seed, which an earlier run(cfg) in the same process sets.
+    xs = tf.concat([x for x, _ in data.train.take(data.steps_per_epoch)], axis=0)
+    assert xs.shape == (32, 32, 32, 3)
     low, high = SIGNED_UNIT  # 20..239 of [0, 255] onto MobileNetV2's [-1, 1]
     assert low < float(tf.reduce_min(xs)) < -0.8 and 0.8 < float(tf.reduce_max(xs)) < high
 
@@ -238,6 +263,20 @@ def test_custom_images_reach_the_model_range(custom_module):
     assert -1.0 <= float(tf.reduce_min(xs)) and float(tf.reduce_max(xs)) <= 1.0
 
 
+def test_a_data_module_that_fails_on_import_is_one_line(custom_module, tmp_path):
+    """The same reasons as a model's _target_ (runner/core/targets.py): a module that raises
+    when imported is named with its error, not left to a traceback."""
+    (tmp_path / "brokendata.py").write_text("raise RuntimeError('no credentials for the bucket')\n")
+    cfg = compose_config([*TINY["transformer"][:-1], "data=custom", "data._target_=brokendata.make",
+                          "data.vocab_size=16"])  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        build_data(cfg, image_model=False)
+    assert str(err.value) == (
+        "data._target_=brokendata.make: not allowed; expected an importable function "
+        "pkg.module.fn: importing brokendata failed: RuntimeError: no credentials for the bucket"
+    )
+
+
 # --- bad input: one line naming the key, the bad value and what is allowed -------------------
 
 
@@ -273,7 +312,9 @@ CHECKED = [  # (overrides, the start of the line, what it says is allowed)
     ([*MOBILENET, "data=text", "data.path={d}/t.txt"], "data=text", "model=transformer"),
     (["data=text", "data.path={d}/t.txt", "data.seq_len=40"], "data.seq_len=40", "2 windows"),
     (["data=custom", "data._target_=nosuchmodule.make"], "data._target_=nosuchmodule.make",
-     "in the current directory or on PYTHONPATH"),
+     "pkg.module.fn: no module named 'nosuchmodule' in the current directory or on PYTHONPATH"),
+    (["data=custom", "data._target_=userdata.token"], "data._target_=userdata.token",
+     "module 'userdata' ({d}/userdata.py) has no 'token'; did you mean tokens?"),
 ]  # fmt: skip
 
 
@@ -296,7 +337,7 @@ def test_custom_target_is_found_in_the_current_directory(files, monkeypatch):
 
 
 BUILT = [  # what only the function can tell: found when the data is built
-    ("nosuch", "data._target_=userdata.nosuch", "(AttributeError: module 'userdata' has no"),
+    ("nosuch", "data._target_=userdata.nosuch", "pkg.module.fn: module 'userdata' has no 'nosuch'"),
     ("fails", "data._target_=userdata.fails",
      "; it raised FileNotFoundError: no shard at /data/x-0001"),
     ("not_a_dataset", "data._target_=userdata.not_a_dataset", "; it returned list"),

@@ -8,6 +8,7 @@ pruned run that keeps its model, the same data without keeping one, and another 
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -20,6 +21,7 @@ from runner.config import compose_config
 from runner.track import compare
 from runner.track.datasets import digest, log_datasets
 from runner.track.model import FILE, custom_objects, keep_model, load
+from runner.track.model import main as model_command
 from runner.track.source import source_tags
 from runner.track.tracker import PENDING, Tracker, WorkerTracker
 from runner.train import run
@@ -93,6 +95,34 @@ def test_logged_model_reloads_to_the_trained_model(runs):
     expected = np.asarray(kept(batch, training=False))
     for model in (by_run, by_id):
         np.testing.assert_allclose(np.asarray(model(batch, training=False)), expected, atol=1e-6)
+
+
+@pytest.mark.slow  # a fresh process importing TensorFlow and MLflow: about 12 s of CPU
+def test_the_model_command_loads_a_kept_model_quietly(runs):
+    """`python -m runner.track.model URI` as typed, in a fresh process (TensorFlow's start-up
+    lines are printed when a process imports it): the model and its example's outputs on
+    stdout, nothing on stderr."""
+    store, jobs = runs
+    uri = MlflowClient(store).get_run(jobs["kept"][1]["run_id"]).data.tags["model_uri"]
+    result = subprocess.run(
+        [sys.executable, "-m", "runner.track.model", uri, "--tracking-uri", store],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
+    assert result.stdout.startswith(f"{uri}: transformer, ")
+    assert "input example (2, 8) -> outputs (2, 8, 16) float32" in result.stdout
+
+
+def test_the_model_command_says_a_bad_uri_in_one_line(store):
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            model_command(["runs:/nope/model", "--tracking-uri", store])
+    finally:
+        mlflow.set_tracking_uri(None)  # main() sets it for the process
+    assert exit_.value.code == "error: runs:/nope/model: Run with id=nope not found"
 
 
 def test_pruned_model_is_kept_stripped_with_its_zeros(runs):

@@ -2,20 +2,23 @@
 real probes in fresh processes and a real MLflow store."""
 
 import json
+import os
+import pickle
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
-from runner.core.errors import PlanError
+from runner.core.errors import ConfigError, DiskFull, Interrupted, PlanError
 from runner.core.units import parse_bytes
 from runner.plan.__main__ import main
 from runner.plan.line import divisors
 from runner.plan.probe import probe
-from tests.conftest import MEMORY_BOUND, REPO, run_cli, tiny_overrides
+from tests.conftest import MEMORY_BOUND, NO_MODEL, REPO, run_cli, tiny_overrides
 
 
 def test_budgets_are_read_in_bytes_and_units():
@@ -28,6 +31,22 @@ def test_budgets_are_read_in_bytes_and_units():
         with pytest.raises(PlanError, match=f"plan.budget={bad}: expected bytes or a number"):
             parse_bytes(bad)
     assert divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConfigError("data.seq_len", 8, "at most 4"),
+        DiskFull("/runs/x/ckpt-3", "No space left on device", 2**20, "kept ckpt-2"),
+        Interrupted(15, 7, Path("/runs/x")),
+    ],
+)
+def test_an_error_comes_back_whole_from_a_probe_process(error):
+    """A probe's error reaches accum=auto pickled (runner/core/process.py): one rebuilt from
+    its message alone raised in the pool's result thread, and the parent waited forever."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert vars(back) == vars(error)
 
 
 def _plan(args: list[str]):
@@ -70,6 +89,20 @@ def test_bad_plan_input_is_one_line(args, expected):
         main(args)
     message = str(exit_.value.code)
     assert message.startswith(expected) and len(message.splitlines()) == 1, message
+
+
+def test_the_plan_reads_a_model_of_ones_own_from_config_dir(capsys, monkeypatch):
+    """`python -m runner.plan --config-dir DIR` composes the user's model YAML as run.py does
+    (examples/conf/model/unet.yaml): one row, the estimate of a tiny U-Net, in this process."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))  # my_models, as PYTHONPATH gives it
+    args = ["--config-dir", str(REPO / "examples" / "conf"), "model=unet", "data.image_size=8"]
+    one_row = ["plan.precisions=[fp32]", "plan.policies=[none]"]
+    budget = ["trainer.effective_batch_size=16", "plan.budget=64MiB"]
+    stdout = _plan_here([*args, *one_row, *budget], capsys)
+    assert "model=unet, effective batch 16" in stdout
+    (row,) = _rows(stdout)
+    assert (row["precision"], row["checkpointing"], row["fits"]) == ("fp32", "none", "yes")
+    assert 0 < float(row["predicted_MiB"]) < 64
 
 
 def _rows(stdout: str) -> list[dict]:
@@ -254,3 +287,53 @@ def test_accum_auto_fits_the_budget_at_the_effective_batch_and_logs_its_plan(
     assert params["pruning.schedule"] == "polynomial"
     twice = probe(cfg, 2 * b, max(1, 256 // (2 * b)))
     assert twice["oom"] or twice["peak_bytes"] > budget * 2**20, twice
+
+
+@pytest.mark.slow  # five fresh processes (the run, the estimate, three probes): about 60 s of CPU
+def test_accum_auto_fits_a_user_unet_in_the_budget(tmp_path, store):
+    """A model of one's own (examples/conf/model/unet.yaml, --config-dir) under the CPU
+    allocator's limit: 256 images of 16 px at micro-batch 256 need about 45 MiB (0.17-0.21 MiB
+    an image, estimated and measured), so a budget of 24 MiB makes accum=auto split them, and
+    its probes import the user's module in processes of their own. Small images and one
+    optimizer step: the cost is the five processes' start (TensorFlow and MLflow imports, about
+    9 s of CPU each), not the steps."""
+    budget = 24
+    examples = REPO / "examples"
+    env = {
+        "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(budget),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(examples), os.environ.get("PYTHONPATH")])),
+    }
+    result = run_cli(
+        [
+            "--config-dir",
+            str(examples / "conf"),
+            "model=unet",
+            "accum=auto",
+            "trainer.effective_batch_size=256",
+            f"plan.budget={budget}MiB",
+            "data.image_size=16",
+            "data.train_samples=256",
+            "data.val_samples=8",
+            "trainer.max_steps=1",
+            "trainer.eval_batches=1",
+            "trainer.progress=false",
+            *NO_MODEL,
+            f"mlflow.tracking_uri={store}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [ln for ln in result.stdout.splitlines() if "accum=auto: data.batch_size=" in ln]
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    params, metrics = run.data.params, run.data.metrics
+    b, k = int(params["data.batch_size"]), int(params["accum"])
+    assert params["model.name"] == "unet"
+    assert b * k == 256 and k > 1, line  # the effective batch, split: it does not fit whole
+    assert f"data.batch_size={b} accum={k} (effective 256)" in line
+    assert metrics["mem/peak_bytes"] <= budget * 2**20  # the run's own peak, under the limit
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["probes"][-1]["micro_batch"] == b
+    assert plan["probes"][-1]["peak_bytes"] <= budget * 2**20

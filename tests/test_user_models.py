@@ -112,18 +112,31 @@ def test_keras_app_list_is_keras_applications_own():
 def test_short_batchnorm_run_says_statistics_are_unsettled_and_recalibration_helps(user_cfg):
     """At momentum 0.99, 0.99^40 = 67% of the initial statistics remain after 40 updates. On a
     short U-Net run on real digits, re-estimating the statistics on training batches lowers
-    val/loss (measured: 2.26 -> 1.99)."""
+    val/loss (measured: 2.83 -> 1.62 at the last of three evaluations). It changes nothing in
+    training (BatchNorm trains on batch statistics): its batches come from a copy of the
+    training pipeline, as a second iterator of the training split itself would reorder the
+    epochs after it (the losses of the 3rd epoch differed). 33 steps, 3 epochs of ~11."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(momentum=0.99)])
     assert initial_share(model, 40) == pytest.approx(0.669, abs=1e-3)
     assert initial_share(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), 40) is None
-    base = ["model=unet", "data=digits", "data.batch_size=8", "trainer.eval_batches=4"]
-    base += ["trainer.max_steps=10", "trainer.lr=0.01"]
+    base = ["model=unet", "data=digits", "data.batch_size=8", "data.val_fraction=0.95"]
+    base += ["trainer.max_steps=33", "trainer.eval_every=11", "trainer.eval_batches=4"]
+    base += ["trainer.lr=0.01"]
     plain = run(user_cfg(*base))
-    tags = MlflowClient(tracking_uri=user_cfg().mlflow.tracking_uri).get_run(plain["run_id"])
-    assert "have not settled" in tags.data.tags["mlflow.note.content"]
+    client = MlflowClient(tracking_uri=user_cfg().mlflow.tracking_uri)
+    assert "have not settled" in client.get_run(plain["run_id"]).data.tags["mlflow.note.content"]
     recalibrated = run(user_cfg(*base, "trainer.bn_recalibrate=8"))
-    assert recalibrated["train/final_loss"] == pytest.approx(plain["train/final_loss"])
     assert recalibrated["val/loss"] < plain["val/loss"]
+    losses = [
+        [m.value for m in sorted(client.get_metric_history(r["run_id"], "train/loss"), key=_step)]
+        for r in (plain, recalibrated)
+    ]
+    assert len(losses[0]) == 33
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+
+
+def _step(metric) -> int:
+    return metric.step
 
 
 def test_pruning_picks_a_user_models_kernels_by_type(user_cfg):
@@ -189,7 +202,7 @@ def test_a_bad_builder_is_one_line(tmp_path, monkeypatch, target, message):
             {"model/mine.yaml": "_target_: nowhere.build\n"},
             ["model=mine"],
             "error: model._target_=nowhere.build: no module named 'nowhere' in the current "
-            "directory and PYTHONPATH",
+            "directory or on PYTHONPATH",
         ),
         (
             {"model/mine.yaml": "_target_: my_models.unit\n"},

@@ -2,9 +2,10 @@
 
 Each bad value raises ConfigError (one line: the key, the bad value, what is allowed) before
 TensorFlow is imported: files are matched, TFRecord features and .npz arrays read from the
-files' first record and headers (runner/core/datafiles.py), a custom `_target_`'s module
-found without running it. What only the running function can say (it raises, or returns no
-dataset of pairs) is checked when the data is built (runner/train/sources.py).
+files' first record and headers (runner/core/datafiles.py), a custom `_target_` found without
+running it (runner/core/targets.py, as a model's is). What only the running function can say
+(it raises, or returns no dataset of pairs) is checked when the data is built
+(runner/train/custom.py).
 """
 
 import os
@@ -14,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from runner.config.model import takes_images
-from runner.core import datafiles
+from runner.core import datafiles, targets
 from runner.core.errors import ConfigError
 
 
@@ -100,9 +101,9 @@ def _text(d: DictConfig, image_model: bool, seq_len: int) -> None:
 
 
 def _custom(d: DictConfig, image_model: bool, seq_len: int) -> None:
-    target = d._target_
-    allowed = "a function pkg.module.fn whose module is in the current directory or on PYTHONPATH"
-    _require(datafiles.target_module_found(target), "data._target_", target, allowed)
+    reason = targets.problem(d._target_)
+    allowed = f"an importable function pkg.module.fn: {reason}"
+    _require(reason is None, "data._target_", d._target_, allowed)
     if d.train_records is not None:
         _require(d.train_records >= 2, "data.train_records", d.train_records, "null or >= 2")
 

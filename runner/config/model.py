@@ -7,15 +7,13 @@ that figures, run names and summaries show is `model.name` when the YAML gives o
 target's last component (`my_models.unet` -> unet, `build_unet` -> unet).
 """
 
-import ast
 import difflib
-import importlib.util
 
 from omegaconf import DictConfig, open_dict
 
 from models.spec import KERAS_APPLICATIONS, UNIT, input_range
 from runner.config.schema import IMAGE_MODELS
-from runner.core.datafiles import import_path
+from runner.core import targets
 from runner.core.errors import ModelError
 
 # Keys of a `_target_` model that tfmemlab reads itself; the rest go to the builder. `name` goes
@@ -63,49 +61,12 @@ def pixel_range(cfg: DictConfig) -> tuple[float, float]:
     return input_range(m.name, m.get("version", "v2"))
 
 
-def _top_level_names(path: str) -> set[str] | None:
-    """Names a module's source defines at its top level; None when it cannot be told (a star
-    import, a module __getattr__, no source)."""
-    try:
-        tree = ast.parse(open(path, encoding="utf-8").read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    return None
-                names.add(alias.asname or alias.name.split(".")[0])
-    return None if "__getattr__" in names else names
-
-
 def check_target(target: str) -> None:
     """ModelError (one line) when `target`'s module is not importable or does not define it;
     read from the module's source, without running it (it would import TensorFlow)."""
-    module, _, attr = str(target).rpartition(".")
-    where = "the current directory and PYTHONPATH"
-    if not module:
-        raise ModelError(f"model._target_={target}: expected module.function (or module.Class)")
-    import_path()
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ModelError(f"model._target_={target}: no module named '{module}' in {where}")
-    names = _top_level_names(found.origin) if found.origin else None
-    if names is not None and attr not in names:
-        close = difflib.get_close_matches(attr, sorted(names), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ModelError(
-            f"model._target_={target}: module '{module}' ({found.origin}) has no '{attr}'{hint}"
-        )
+    reason = targets.problem(target)
+    if reason is not None:
+        raise ModelError(f"model._target_={target}: {reason}")
 
 
 def check_keras_app(name: str) -> None:

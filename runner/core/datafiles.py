@@ -2,19 +2,15 @@
 
 Which files a path or glob names; how many records a TFRecord file holds, from the records'
 length fields only (the data itself is seeked over, never held); the features of a TFRecord
-file's first record (a tf.train.Example read from the protobuf wire format by hand); the
-arrays of an .npz file, from their headers only; and a `_target_` function's module, found
-in the current directory or on PYTHONPATH.
+file's first record (a tf.train.Example read from the protobuf wire format by hand); and the
+arrays of an .npz file, from their headers only. (A `_target_`'s module: runner/core/targets.py.)
 """
 
 import glob
-import importlib
-import importlib.util
 import os
 import struct
-import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,37 +132,4 @@ def npz_arrays(path: str) -> dict[str, tuple[tuple, Any]]:
                 )
                 shape, _, dtype = read(f)
             found[member.removesuffix(".npy")] = (shape, dtype)
-    return found
-
-
-def import_path() -> None:
-    """The current directory on the import path, after PYTHONPATH (`python run.py` puts
-    run.py's folder there instead), so a `_target_` beside the user's files is found; a
-    spawned child (a probe) inherits it, even after it changes directory. One rule for the
-    model's and the data's `_target_`."""
-    here = os.getcwd()
-    if here not in sys.path:
-        sys.path.append(here)
-
-
-def target_module_found(target: str) -> bool:
-    """True when `target`'s module (`pkg.mod` of `pkg.mod.fn`) can be found, without running
-    it (a package's __init__ runs, as importing it would)."""
-    module, _, name = str(target).rpartition(".")
-    if not module or not name:
-        return False
-    import_path()
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def import_target(target: str) -> Callable:
-    """The function `pkg.mod.fn` names; ImportError or AttributeError if there is none."""
-    import_path()
-    module, _, name = str(target).rpartition(".")
-    found = getattr(importlib.import_module(module), name)
-    if not callable(found):
-        raise AttributeError(f"{target} is not callable")
     return found

@@ -16,6 +16,11 @@ class ConfigError(ValueError):
         super().__init__(f"{key}={value}: not allowed; expected {allowed}")
         self.key, self.value, self.allowed = key, value, allowed
 
+    def __reduce__(self):
+        # An error of a fresh process (a probe of accum=auto) comes back pickled; rebuilt from
+        # its message alone, it would fail in the pool's result thread and the parent wait.
+        return type(self), (self.key, self.value, self.allowed)
+
 
 class ModelError(ValueError):
     """A model of the user's own (a `_target_` in its model YAML) cannot be built or does not
@@ -41,10 +46,14 @@ class Interrupted(BaseException):
     def __init__(self, signum: int, step: int, run_dir: Path, checkpoints: str = "checkpoints"):
         self.signum, self.step, self.run_dir = signum, step, run_dir
         self.exit_code = 128 + signum
+        self.checkpoints = checkpoints
         super().__init__(
             f"stopped by {signal.Signals(signum).name} after optimizer step {step}; its "
             f"checkpoint is in {run_dir / checkpoints}"
         )
+
+    def __reduce__(self):  # pickled whole, as ConfigError is
+        return type(self), (self.signum, self.step, self.run_dir, self.checkpoints)
 
 
 class BusyError(RuntimeError):
@@ -62,6 +71,9 @@ class DiskFull(Exception):
         left = "" if free is None else f"; {free / 2**20:.1f} MiB left on that filesystem"
         then = f". {then}" if then else ""
         super().__init__(f"disk full: writing {path} failed ({reason}){left}{then}")
+
+    def __reduce__(self):  # pickled whole, as ConfigError is
+        return type(self), (self.path, self.reason, self.free, self.then)
 
 
 def error_line(err: BaseException) -> str:

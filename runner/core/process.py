@@ -11,11 +11,12 @@ import os
 from collections.abc import Callable
 
 
-def _call(function: Callable, args: tuple):
+def _start() -> None:
+    """The child's first act: TensorFlow imported quietly. It runs before the task arrives,
+    whose unpickling imports the function's module, and with it TensorFlow, loudly."""
     from runner.core.start import import_tensorflow
 
-    import_tensorflow()  # quietly, before the function imports it loudly
-    return function(*args)
+    import_tensorflow()
 
 
 def in_fresh_process(function: Callable, *args, unset: tuple[str, ...] = ()):
@@ -25,8 +26,8 @@ def in_fresh_process(function: Callable, *args, unset: tuple[str, ...] = ()):
     saved = {name: os.environ.pop(name) for name in unset if name in os.environ}
     try:
         spawn = multiprocessing.get_context("spawn")
-        with spawn.Pool(1, maxtasksperchild=1) as pool:
-            return pool.apply(_call, (function, args))
+        with spawn.Pool(1, initializer=_start, maxtasksperchild=1) as pool:
+            return pool.apply(function, args)
     finally:
         os.environ.update(saved)
 

@@ -1,7 +1,10 @@
-"""`python -m runner.plan [run.py overrides]`: the cheapest way to fit the memory budget, as a
-table (runner/plan/table.py); with plan.measure=true, each row that fits is probed."""
+"""`python -m runner.plan [--config-dir DIR] [run.py overrides]`: the cheapest way to fit the
+memory budget, as a table (runner/plan/table.py); with plan.measure=true, each row that fits is
+probed. `--config-dir` adds a user's config folder (their model YAML) as run.py's does."""
 
 import sys
+
+from hydra._internal.utils import get_args_parser
 
 from runner.cli import check_command_line
 from runner.config import compose_config
@@ -12,7 +15,8 @@ from runner.core.units import mib
 
 def main(argv: list[str]) -> list:
     check_command_line(argv)  # one line for bad input, before TensorFlow loads
-    cfg = compose_config(argv)
+    args = get_args_parser().parse_args(argv)  # run.py's flags (--config-dir) apart
+    cfg = compose_config(args.overrides, args.config_dir)
     import_tensorflow()
     from runner.plan import probe, table
 

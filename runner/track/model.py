@@ -29,16 +29,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import keras
-import mlflow
-import numpy as np
-import tensorflow as tf
-from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-from mlflow.models import Model, infer_signature
+from runner.core.start import import_tensorflow
 
-from runner.core.secrets import move_login_to_env
-from runner.track.client import add_tracking_uri
-from runner.track.tracker import Tracker, WorkerTracker
+# Before keras and mlflow import TensorFlow: as a command (python -m runner.track.model) this
+# module is the entry point, and TensorFlow's start-up lines are silenced as run.py's are.
+tf = import_tensorflow()
+
+import keras  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.models import Model, infer_signature  # noqa: E402
+
+from runner.core.secrets import move_login_to_env  # noqa: E402
+from runner.track.client import add_tracking_uri  # noqa: E402
+from runner.track.tracker import Tracker, WorkerTracker  # noqa: E402
 
 NAME = "model"  # the logged model's name: runs:/<run id>/model
 FILE = "model.keras"  # in the run directory
@@ -164,10 +170,13 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     """Load the model and run it on its own input example; print what it gives."""
     args = command_line().parse_args(argv)
     mlflow.set_tracking_uri(move_login_to_env(args.tracking_uri))
-    model = load(args.uri)
-    with tempfile.TemporaryDirectory() as tmp:
-        local = mlflow.artifacts.download_artifacts(args.uri, dst_path=tmp)
-        example = Model.load(local).load_input_example(local)
+    try:
+        model = load(args.uri)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = mlflow.artifacts.download_artifacts(args.uri, dst_path=tmp)
+            example = Model.load(local).load_input_example(local)
+    except MlflowException as err:  # no such run, model or folder: MLflow's words, one line
+        raise SystemExit(f"error: {args.uri}: {str(err.message).splitlines()[0]}") from None
     outputs = np.asarray(model(np.asarray(example), training=False))
     print(f"{args.uri}: {model.name}, {model.count_params():,} parameters")
     print(f"input example {np.shape(example)} -> outputs {outputs.shape} {outputs.dtype}")

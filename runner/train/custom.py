@@ -14,7 +14,7 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 from models.spec import DataSpec
-from runner.core import datafiles
+from runner.core import targets
 from runner.core.errors import ConfigError, error_line
 from runner.train.source import Source, image_prepare, pixel_range
 from runner.train.sources import every_kth, split_every_kth
@@ -25,9 +25,9 @@ RETURNS = "a function returning a tf.data.Dataset of (input, target), or a (trai
 def _call(d: DictConfig):
     """What the function returns; ConfigError if it cannot be imported or raises."""
     try:
-        fn = datafiles.import_target(d._target_)
-    except (ImportError, AttributeError, ValueError) as err:
-        allowed = f"an importable function pkg.module.fn ({error_line(err)})"
+        fn = targets.load(d._target_)
+    except targets.TargetError as err:
+        allowed = f"an importable function pkg.module.fn: {err}"
         raise ConfigError("data._target_", d._target_, allowed) from None
     try:
         return fn(**OmegaConf.to_container(d.kwargs, resolve=True))

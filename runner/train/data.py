@@ -9,6 +9,7 @@ yields micro-batches of `data.batch_size`; the train step (runner/techniques/acc
 draws `accum` of them, one at a time, per optimizer step.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,11 @@ class Data:
     # training batch (build_data(measure=True); 0 when not measured): data held in memory
     # shows here, a streamed source's shuffle and prefetch buffers only.
     setup_rss_bytes: int = 0
+    # A copy of the training pipeline, made afresh on each call, whose shuffle has a seed
+    # state of its own: a second iterator of `train` itself would advance its shuffle's seed
+    # state, and the epochs training draws after it would come in another order (measured:
+    # trainer.bn_recalibrate's batches drawn that way changed the losses from the 2nd epoch on).
+    twin: Callable[[], tf.data.Dataset] | None = None
 
 
 def _token_table(vocab: int, length: int) -> np.ndarray:
@@ -175,9 +181,8 @@ def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1, measure=Fa
     val = source.val.map(source.prepare, num_parallel_calls=AUTOTUNE)
     val = val.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
     data = Data(train, val, source.spec, source.train_size, steps_per_epoch)
+    data.twin = lambda: _train_pipeline(source, buffer, seed, batch)
     if measure:
-        # From a twin of the training pipeline: a second iterator of `train` itself would
-        # advance its shuffle's seed state and change the order training sees.
-        next(iter(_train_pipeline(source, buffer, seed, batch)))
+        next(iter(data.twin()))  # a twin's batch: the order training sees is left as it is
         data.setup_rss_bytes = psutil.Process().memory_info().rss - rss_before
     return data

@@ -44,6 +44,7 @@ from runner.train.job import Built, Job, build, train_state
 from runner.train.loop import Steps, evaluate, train
 from runner.train.optimizer import make_eval_step, resolve_jit
 from runner.train.signals import StopOnSignal
+from runner.train.sources import short_records
 
 
 def _overrides() -> list[str]:
@@ -105,7 +106,7 @@ def _evaluate(cfg, built: Built, eval_step) -> dict:
     """The validation figures; with trainer.bn_recalibrate=N, BatchNorm statistics first
     re-estimated on N training micro-batches (runner/train/batchnorm.py)."""
     if cfg.trainer.bn_recalibrate:
-        batches = iter(built.data.train)  # its own pass: the training order is left as it was
+        batches = iter(built.data.twin())  # a copy's batches: training's order is left as is
         batchnorm.recalibrate(built.model, batches, cfg.trainer.bn_recalibrate)
     return evaluate(eval_step, built.data, cfg.trainer.eval_batches)
 
@@ -260,7 +261,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
         _note(notes, precision.note(cfg.precision, job.device))
         # Under a strategy its scope places the variables and strategy.run the steps.
         where = tf.device(job.device) if job.strategy is None else contextlib.nullcontext()
-        with precision.policy(cfg.precision), where:
+        with precision.policy(cfg.precision), where, short_records(cfg):
             figures, sources, history, table = _job(job, notes)
         seconds = time.perf_counter() - started
         shown = job.device

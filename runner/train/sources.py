@@ -7,7 +7,9 @@ stream (tfrecord, text: memory bounded by the shuffle buffer, whatever the file'
 load into memory (arrays).
 """
 
+import contextlib
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -15,10 +17,12 @@ from omegaconf import DictConfig
 
 from models.spec import DataSpec
 from runner.core import datafiles
+from runner.core.errors import ConfigError
 from runner.train.source import Source, image_prepare, pixel_range
 
 AUTOTUNE = tf.data.AUTOTUNE
 BYTE_VOCAB = 256  # data=text: a token is a byte
+SHORT = "tfmemlab: token record shorter than seq_len + 1"  # the assertion's mark
 
 
 def every_kth(n: int, val_fraction: float) -> tuple[int, int]:
@@ -36,15 +40,43 @@ def split_every_kth(ds: tf.data.Dataset, k: int) -> tuple[tf.data.Dataset, tf.da
     return train, val
 
 
-def _records(files: list[str]) -> tf.data.Dataset:
-    """The records of these files, interleaved in a fixed order (never held in memory)."""
+def _records(files: list[str], tagged: bool = False) -> tf.data.Dataset:
+    """The records of these files, interleaved in a fixed order (never held in memory);
+    tagged: each as (record, its file, its index in the file), for the error of a bad one."""
     names = tf.data.Dataset.from_tensor_slices(files)
+
+    def read(name):
+        records = tf.data.TFRecordDataset(name)
+        return records.enumerate().map(lambda i, r: (r, name, i)) if tagged else records
+
     return names.interleave(
-        tf.data.TFRecordDataset,
+        read,
         cycle_length=min(4, len(files)),
         num_parallel_calls=AUTOTUNE,
         deterministic=True,  # the every-k-th split and a resumed run see the same order
     )
+
+
+@contextlib.contextmanager
+def short_records(cfg: DictConfig):
+    """A token record shorter than seq_len + 1 (the assertion in _tfrecord_parse, raised
+    wherever the pipeline is drawn from) as one line naming its file: ConfigError."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as err:
+        found = re.search(rf"\[{re.escape(SHORT)}\] \[(.*)\] \[(\d+)\] \[(\d+)\]", str(err.message))
+        if found is None:
+            raise
+        path, index, length = found.group(1), int(found.group(2)), int(found.group(3))
+        d = cfg.data
+        shorter = f"at most {length - 1}, or " if length >= 2 else ""
+        raise ConfigError(
+            "data.seq_len",
+            d.seq_len,
+            f"{shorter}records of at least {d.seq_len + 1} tokens (seq_len + 1: the inputs and "
+            f"their next-token targets); record {index} of {path} holds {length} under "
+            f"data.tokens_key={d.tokens_key}",
+        ) from None
 
 
 def _tfrecord_parse(cfg: DictConfig, image_model: bool):
@@ -66,9 +98,14 @@ def _tfrecord_parse(cfg: DictConfig, image_model: bool):
     features = {d.tokens_key: tf.io.VarLenFeature(tf.int64)}
     n = d.seq_len + 1
 
-    def prepare(record):
+    def prepare(record, path, index):
         tokens = tf.sparse.to_dense(tf.io.parse_single_example(record, features)[d.tokens_key])
-        tokens = tf.ensure_shape(tf.cast(tokens[:n], tf.int32), [n])  # a shorter record fails
+        # Only the first record is checked before TensorFlow loads: a shorter one further on
+        # stops the run here, named (short_records), not with a shape error.
+        length = tf.size(tokens)
+        short = tf.debugging.Assert(length >= n, [SHORT, path, index, length], summarize=4)
+        with tf.control_dependencies([short]):
+            tokens = tf.ensure_shape(tf.cast(tokens[:n], tf.int32), [n])
         return tokens[:-1], tokens[1:]
 
     return prepare, DataSpec(
@@ -84,11 +121,14 @@ def tfrecord(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
     prepare, spec = _tfrecord_parse(cfg, image_model)
     n = d.train_records if d.train_records is not None else datafiles.count_records(files)
+    tagged = not image_model  # token records: a short one is named (short_records)
+    records = _records(files, tagged)
     if d.val_path is not None:
-        train, val, train_size = _records(files), _records(datafiles.match_files(d.val_path)), n
+        val_files = datafiles.match_files(d.val_path)
+        train, val, train_size = records, _records(val_files, tagged), n
     else:
         k, n_val = every_kth(n, d.val_fraction)
-        (train, val), train_size = split_every_kth(_records(files), k), n - n_val
+        (train, val), train_size = split_every_kth(records, k), n - n_val
     return Source(train, val, prepare, spec, train_size)
 
 

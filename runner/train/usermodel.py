@@ -8,7 +8,6 @@ as the functional graph of its layers (the same layers and variables), so that c
 the estimate and the layer profile can read it; a subclassed model stays as it is.
 """
 
-import importlib
 import inspect
 
 import keras
@@ -17,25 +16,17 @@ import numpy as np
 from models.common import is_graph
 from models.spec import DataSpec
 from runner.config.model import RESERVED
-from runner.core.datafiles import import_path
+from runner.core import targets
 from runner.core.errors import ModelError, error_line
 
 
 def resolve(target: str):
     """The function or class `target` names (module imported from the current directory or
     PYTHONPATH)."""
-    module, _, attr = target.rpartition(".")
-    import_path()
     try:
-        found = getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as err:
+        return targets.load(target)
+    except targets.TargetError as err:
         raise ModelError(f"model._target_={target}: {err}") from None
-    except AttributeError:
-        raise ModelError(f"model._target_={target}: module '{module}' has no '{attr}'") from None
-    except Exception as err:  # the module itself fails on import
-        failed = f"model._target_={target}: importing {module} failed: {error_line(err)}"
-        raise ModelError(failed) from None
-    return found
 
 
 def _kwargs(m, builder) -> dict:
