@@ -24,15 +24,18 @@ from runner.core.units import mib
 __all__ = ["mib", "run_jobs", "table"]
 
 
-def _run_one(overrides: list[str]) -> dict:
+def _run_one(overrides: list[str], config_dir: str | None) -> dict:
     from runner.train.pipeline import run
 
-    return run(compose_config(overrides))
+    return run(compose_config(overrides, config_dir))
 
 
-def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
+def run_jobs(
+    jobs: dict[str, list[str]], extra: list[str], config_dir: str | None = None
+) -> dict[str, dict]:
     """run(cfg) for each named job, one at a time, each in a fresh process (runner.core.process),
-    logged to a throw-away MLflow store."""
+    logged to a throw-away MLflow store; config_dir: a user's config folder, as `python run.py
+    --config-dir DIR` adds it."""
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         common = [
@@ -42,5 +45,5 @@ def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
         ]
         for name, overrides in jobs.items():
             job = overrides + extra + common + [f"mlflow.run_name='{name}'"]
-            results[name] = in_fresh_process(_run_one, job)
+            results[name] = in_fresh_process(_run_one, job, config_dir)
     return results
