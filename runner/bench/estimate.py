@@ -2,7 +2,7 @@
 precision x dropout x checkpointing policy (issue 15's band, 0.85-1.15), one process per job.
 
     python -m runner.bench estimate [overrides...]
-    python -m runner.bench estimate --unseen [overrides...]   # U-Net, ResNet50, DenseNet121, ConvNeXtTiny
+    python -m runner.bench estimate --unseen [overrides...]   # models it was never written for
 
 The suite runs a pairwise subset of these cells (PAIRWISE: every pair of values of any two
 factors appears once); this benchmark runs all of them.
