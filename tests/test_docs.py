@@ -199,6 +199,8 @@ def check_module(name: str, argv: list[str]) -> None:
             models = importlib.import_module("runner.bench.cuts").MODELS
             assert set(extra[1:]) <= set(models), f"--unseen takes some of {list(models)}"
             return
+        if argv[0] == "estimate" and extra[:1] == ["--unseen"]:  # then run.py's overrides
+            extra = extra[1:]
         if argv[0] == "checkpointing":  # --only NAME picks some of its groups
             _, extra = importlib.import_module("runner.bench.checkpointing")._only(extra)
         check_overrides(extra)

@@ -3,6 +3,7 @@
     python -m runner.bench overhead          # runner loop vs plain model.fit, same model and data
     python -m runner.bench memory            # peak vs batch size and width, measured vs estimate
     python -m runner.bench estimate          # the estimate over its calibration matrix (18 cells)
+    python -m runner.bench estimate --unseen # ... on functional models it was not written for
     python -m runner.bench precision_accum   # fp32/mixed/bf16 x accum 1/4, transformer and CNN
     python -m runner.bench checkpointing     # checkpointing policies, bf16 attention vs baseline
     python -m runner.bench gpu_check         # transformer fp32 vs mixed vs bf16 on a GPU
@@ -24,15 +25,18 @@ from runner.core.units import mib
 __all__ = ["mib", "run_jobs", "table"]
 
 
-def _run_one(overrides: list[str]) -> dict:
+def _run_one(overrides: list[str], config_dir: str | None) -> dict:
     from runner.train.pipeline import run
 
-    return run(compose_config(overrides))
+    return run(compose_config(overrides, config_dir))
 
 
-def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
+def run_jobs(
+    jobs: dict[str, list[str]], extra: list[str], config_dir: str | None = None
+) -> dict[str, dict]:
     """run(cfg) for each named job, one at a time, each in a fresh process (runner.core.process),
-    logged to a throw-away MLflow store."""
+    logged to a throw-away MLflow store; config_dir: a user's config folder, as `python run.py
+    --config-dir DIR` adds it."""
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         common = [
@@ -42,5 +46,5 @@ def run_jobs(jobs: dict[str, list[str]], extra: list[str]) -> dict[str, dict]:
         ]
         for name, overrides in jobs.items():
             job = overrides + extra + common + [f"mlflow.run_name='{name}'"]
-            results[name] = in_fresh_process(_run_one, job)
+            results[name] = in_fresh_process(_run_one, job, config_dir)
     return results

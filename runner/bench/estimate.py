@@ -2,6 +2,7 @@
 precision x dropout x checkpointing policy (issue 15's band, 0.85-1.15), one process per job.
 
     python -m runner.bench estimate [overrides...]
+    python -m runner.bench estimate --unseen [overrides...]   # models it was never written for
 
 The suite runs a pairwise subset of these cells (PAIRWISE: every pair of values of any two
 factors appears once); this benchmark runs all of them.
@@ -51,7 +52,12 @@ def job(cell: tuple[str, str, str]) -> list[str]:
 
 
 def main(extra: list[str], cells: list[tuple] = CELLS) -> dict[tuple, float]:
-    """measured / estimate per cell, printed with the band's verdict."""
+    """measured / estimate per cell, printed with the band's verdict; `--unseen` first: the
+    functional models it was never written for (runner/bench/unseen.py)."""
+    if extra[:1] == ["--unseen"]:
+        from runner.bench import unseen
+
+        return unseen.main(extra[1:])
     results = run_jobs({" ".join(cell): job(cell) for cell in cells}, extra)
     measured = zip(cells, results.values(), strict=True)
     ratios = {cell: r["mem/measured_over_estimate"] for cell, r in measured}

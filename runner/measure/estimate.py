@@ -9,11 +9,10 @@ framework adds or fuses.
 
 import math
 
-import keras
 import tensorflow as tf
 
 from models.common import is_graph
-from runner.measure import layers, xla_memory
+from runner.measure import backward, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo, segment_length
 
@@ -133,68 +132,11 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
 
 
 def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
-    """Bytes of the operations' outputs that backward keeps (x b x p), and the largest output.
-
-    An output is kept when its own gradient or a consumer's reads it (runner/measure/layers.py: a
-    BatchNorm output read only by a ReLU is not; counting every output overstated MobileNetV2
-    by ~1.5x, issue 14). XLA fuses further. With checkpointing, a segment keeps only its
-    output, and one segment's activations are rebuilt at a time in backprop: the peak is in
-    the segment whose activations and largest gradient pair (_gradient_pairs) hold the most.
-    """
-    sizes = {
-        op.name: sum(math.prod(out.shape[1:]) for out in keras.tree.flatten(op.output)) * b * p
-        for op in model.operations
-        if not isinstance(op, keras.layers.InputLayer)
-    }
-    # Workspace: the gradient of the largest output, alive during its backward step.
-    workspace = max(sizes.values())
-    half = p == 2
-    kept_names = layers.kept_outputs(layers.model_rows(model, 1, None), half)
-    held = {name: v for name, v in sizes.items() if name in kept_names}
-    if half:  # 16-bit norms keep a float32 copy of their input (runner/measure/layers.py)
-        for op in model.operations:
-            if layers.kind(op) in layers.NORMS:
-                held[op.name] = held.get(op.name, 0) + math.prod(op.input.shape[1:]) * b * 4
-    if not remat.segments:
-        return sum(held.values()), workspace
-    inside = set().union(*remat.segment_ops)
-    kept = sum(v for name, v in held.items() if name not in inside)
-    # Segments keep their outputs, and their inputs where nothing else already did (selective
-    # segments start at a convolution's output, which a 16-bit norm would not have kept).
-    ends = set(remat.segment_outputs) | set(remat.segment_inputs)
-    kept += sum(sizes[name] for name in ends if name not in held or name in inside)
-    # The peak is inside a rebuilt segment's backward: its activations, and an operation's
-    # output gradient beside its input gradient (_gradient_pair).
-    pairs = _gradient_pairs(model, b, p)
-    rebuilt, workspace = max(
-        ((sum(held.get(name, 0) for name in ops), max(pairs.get(name, 0) for name in ops))
-         for ops in remat.segment_ops),
-        key=sum,
-    )  # fmt: skip
-    return kept + rebuilt, workspace
-
-
-def _gradient_pairs(model, b: int, p: int) -> dict[str, int]:
-    """Per operation with one input, the bytes of its output gradient and its input gradient,
-    alive together in its backward step; a 16-bit norm computes both in float32 (beside its
-    16-bit output gradient). Measured on MobileNetV2 without XLA (96 and 128 px, float32 and
-    bfloat16, micro-batch 8-32, issue 17): counting one output gradient instead, `blocks` read
-    0.57-1.06x of the measured peak, with the pair 0.81-1.19x. The measured peak grows faster
-    than linearly in the micro-batch there (96 px, float32: 4.5 MiB per example from 8 to 16,
-    9 from 32 to 48), which no per-example count follows.
-    """
-    pairs = {}
-    for op in model.operations:
-        inputs = keras.tree.flatten(getattr(op, "input", []))
-        if isinstance(op, keras.layers.InputLayer) or len(inputs) != 1:
-            continue  # an addition passes its output gradient on, allocating none
-        out = sum(math.prod(t.shape[1:]) for t in keras.tree.flatten(op.output)) * b
-        into = math.prod(inputs[0].shape[1:]) * b
-        if p == 2 and layers.kind(op) in layers.NORMS:
-            pairs[op.name] = out * p + (out + into) * 4
-        else:
-            pairs[op.name] = (out + into) * p
-    return pairs
+    """(activations, workspace) of a functional model at the peak of its step, from the
+    backward walk (runner/measure/backward.py): the tensors the backward pass still keeps
+    then, by runner/measure/layers.py's rules, and what the running operation's backward and
+    the gradients waiting at skip connections hold. XLA fuses further."""
+    return backward.walk(model, b, p, remat)
 
 
 def estimate_memory(

@@ -26,7 +26,7 @@ KEEPS_INPUT = {
     "Conv1D", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Dense", "EinsumDense",
     "BatchNormalization", "LayerNormalization", "LayerNorm", "Multiply", "Embedding", "GELU",
     "attention_scores", "attention_context", "MaxPooling2D",
-    "Activation:swish", "Activation:silu", "Activation:gelu", "Activation:hard_swish",
+    "Activation:swish", "Activation:silu", "Activation:hard_swish",
     "Activation:hard_silu", "Activation:elu", "Activation:selu",
 }  # fmt: skip
 KEEPS_OUTPUT = {
@@ -36,6 +36,20 @@ KEEPS_OUTPUT = {
 # Upcast their 16-bit inputs to float32 (keras/src/layers/normalization, ops.nn) and keep
 # that copy; models/memory_limited.py's LayerNorm keeps its 16-bit input instead.
 NORMS = {"BatchNormalization", "LayerNormalization"}
+# Tensors of its output's size (in its compute dtype) a layer keeps of its own for its
+# gradient, in place of its input. keras.activations.gelu (approximate=False, the default of
+# Activation("gelu"), ConvNeXt's) is tf.nn.gelu: 0.5x * erfc(-x/sqrt(2)) in four ops, whose
+# gradients read x/2, -x/sqrt(2) and the erfc, not x (tensorflow/python/ops/nn_ops.py,
+# math_grad.py). Measured, a chain of Activation("gelu") on 16x16x16x64: 13.0 bytes per
+# element in float32, 7.0 in bfloat16 (3.25 and 3.5 tensors; the rest is the erfc gradient's
+# square, which the executor computes ahead of the backward).
+OWN_KEPT = {"Activation:gelu": 3}
+# Float32 tensors of its input's size a norm's backward computes beside its output gradient:
+# Keras's BatchNormalization and LayerNormalization are composite ops (moments, then
+# x * inv + res), whose gradients broadcast the mean's and the variance's gradients back
+# (two Tiles) and scale the output gradient (a Mul). Seen alive together in an allocation
+# trace of a chain of norms, float32 and bfloat16 (16x16x16x64).
+NORM_TEMPORARIES = 3
 # Forward FLOPs per output element of elementwise and normalising kinds (a convention, as
 # in FLOP counters; the matmuls and convolutions are counted exactly): batch/layer norm:
 # mean 1, variance 3, normalise, scale and shift 4; softmax: max, subtract, exp, sum,
@@ -164,6 +178,55 @@ def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
     }
 
 
+def own_kept_bytes(
+    kind_name: str, out: int, into: int, width: int, half: bool, scaled: bool
+) -> int:
+    """Bytes a layer keeps of its own for its backward (freed by it), beyond the outputs its
+    readers keep: out/into are its output's and input's elements, width the bytes of its
+    compute dtype, half a 16-bit policy, scaled a norm with a learned scale (gamma).
+    - a 16-bit norm's float32 copy of its input (kept_outputs);
+    - a LayerNormalization with a scale multiplies its input by inv * gamma broadcast to the
+      input's shape (keras/src/ops/nn.py _layer_normalization), which the product's gradient
+      reads: one float32 tensor of the input's size (seen in an allocation trace of a chain of
+      norms, float32 and bfloat16, beside the float32 copy under bfloat16);
+    - OWN_KEPT's tensors (GELU's)."""
+    nbytes = OWN_KEPT.get(kind_name, 0) * out * width
+    if kind_name in NORMS and half:
+        nbytes += 4 * into
+    if kind_name == "LayerNormalization" and scaled:
+        nbytes += 4 * into
+    return nbytes
+
+
+def grouped_conv_bytes(op) -> int:
+    """Keras compiles a grouped convolution with XLA even in a step that is not compiled
+    (keras/src/backend/tensorflow/nn.py conv: 'grouped convolutions are broken on CPU without
+    XLA'); on a CPU, XLA computes the filter gradient of one with one input channel per group
+    (ConvNeXt's depthwise Conv2D) as a dense convolution and masks it: a buffer of 2 x kh x kw
+    x Cin x Cout float32, whatever the batch. Measured (largest raw allocation of its
+    forward+backward): 2.00x at C=768, 384, 256 and 96, kernels 3, 5 and 7, batch 4 to 16,
+    float32 and bfloat16 alike. Other groupings allocated 0.1-1.8x that, with no rule found."""
+    kernel = getattr(op, "kernel", None)
+    groups = getattr(op, "groups", 1)
+    if groups <= 1 or kernel is None or kernel.shape[-2] != 1:
+        return 0
+    return 2 * math.prod(kernel.shape[:-2]) * groups * kernel.shape[-1] * 4
+
+
+def workspace_bytes(op, kind_name: str, out: int, inputs: list[int], width: int) -> int:
+    """Bytes a layer's backward holds while it runs (out, inputs: elements): its output
+    gradient beside the gradients of its inputs; an Add passes its output gradient on and
+    allocates none; a norm computes NORM_TEMPORARIES float32 tensors of its input's size
+    beside its output gradient; a grouped convolution adds XLA's buffer."""
+    if kind_name in NORMS:
+        nbytes = out * width + NORM_TEMPORARIES * inputs[0] * 4
+    elif kind_name == "Add":
+        nbytes = out * width
+    else:
+        nbytes = (out + sum(inputs)) * width
+    return nbytes + grouped_conv_bytes(op)
+
+
 def _nbytes(t) -> int:
     return t.shape.num_elements() * t.dtype.size
 
@@ -180,8 +243,9 @@ def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
         flops, extra = FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
     if flops is None:
         flops = _element_flops(row.kind, len(inputs), in_elements, out_elements)
-    if row.kind in NORMS and inputs[0].dtype in (tf.float16, tf.bfloat16):
-        extra += 4 * in_elements  # the float32 copy the norm computes on (see kept_outputs)
+    half = inputs[0].dtype in (tf.float16, tf.bfloat16)
+    scaled = any(v.name == "gamma" for v in row.variables)
+    extra += own_kept_bytes(row.kind, out_elements, in_elements, output.dtype.size, half, scaled)
     if row.kind == "Dropout":
         extra += out_elements  # its boolean keep-mask (tf.nn's dropout selects with it)
     weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)

@@ -123,7 +123,10 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks")}
     if one["total"] is None:  # a subclassed model: the probes measure what it keeps per example
         return Line(sum(fixed.values()), two["accumulation"], None, fixed), hardware
-    per_sample = (two["activations"] + two["workspace"]) - (one["activations"] + one["workspace"])
+    one_batch, two_batch = (e["activations"] + e["workspace"] for e in (one, two))
+    per_sample = two_batch - one_batch
+    # What does not grow with the micro-batch (a grouped convolution's XLA buffer) stays.
+    fixed["workspace"] = max(0, one_batch - per_sample)
     line = Line(sum(fixed.values()), two["accumulation"], per_sample, fixed)
     return line, hardware
 

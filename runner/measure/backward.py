@@ -1,0 +1,125 @@
+"""The backward walk: what a functional model's train step holds at its peak, without XLA.
+
+The estimate (runner/measure/estimate.py) asks one question of a graph model: at which moment
+of the backward pass do the activations still kept, the gradients in flight and the operation
+then running hold the most, and how much is that? The walk answers it operation by operation,
+from the last to the first, as TensorFlow's executor runs a step:
+- a tensor the backward pass keeps (runner/measure/layers.py's rules, from TensorFlow's
+  gradient functions) is alive until the backward of the earliest operation that reads it
+  has run, then freed; what an operation keeps of its own (a 16-bit norm's float32 copy, the
+  tensors GELU's gradient reads) is freed with its own backward;
+- while an operation's backward runs, its workspace is alive (layers.workspace_elements:
+  the gradient of its output beside the gradients of its inputs, a norm's float32
+  temporaries, a grouped convolution's XLA buffer);
+- a tensor read by operations on both sides of the one running (a skip connection: ResNet's
+  shortcut, U-Net's encoder features) has its gradient waiting for the earlier ones.
+With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
+inside it exist only while its own backward runs (it is recomputed then).
+
+Counting every kept tensor at once beside the largest single workspace, as the estimate did
+before, overstated models whose largest workspace comes early, when the backward has freed
+most of what the later layers kept (DenseNet121 under checkpointing=blocks).
+"""
+
+import math
+
+import keras
+
+from runner.measure import layers
+from runner.techniques.checkpointing import RematInfo
+
+
+def _elements(tensors) -> int:
+    return sum(math.prod(t.shape[1:]) for t in keras.tree.flatten(tensors))
+
+
+def _graph(model):
+    """(ops, consumers of each tensor, elements per example of each tensor) in graph order; an
+    op is (index, layer, input tensor ids, output tensor ids), tensors named by id."""
+    ops, consumers, elements = [], {}, {}
+    for op in model.operations:
+        if isinstance(op, keras.layers.InputLayer):
+            continue
+        node = op._inbound_nodes[0]
+        ins, outs = node.arguments.keras_tensors, keras.tree.flatten(node.outputs)
+        for t in [*ins, *outs]:
+            elements[id(t)] = math.prod(t.shape[1:])
+        for t in ins:
+            consumers.setdefault(id(t), []).append(len(ops))
+        ops.append((len(ops), op, [id(t) for t in ins], [id(t) for t in outs]))
+    return ops, consumers, elements
+
+
+class _Timeline:
+    """Bytes alive at each operation's backward (index i), added over ranges of i."""
+
+    def __init__(self, n: int):
+        self.delta = [0] * (n + 1)
+
+    def add(self, first: int, last: int, nbytes: int) -> None:
+        if first <= last and nbytes:
+            self.delta[first] += nbytes
+            self.delta[last + 1] -= nbytes
+
+    def values(self) -> list[int]:
+        out, running = [], 0
+        for d in self.delta[:-1]:
+            running += d
+            out.append(running)
+        return out
+
+
+def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
+    """(activations kept at the peak, with the input micro-batch; workspace then: the running
+    operation's and the gradients waiting at skip connections) in bytes, at micro-batch b and
+    p bytes per 16-bit-policy element (float32 layers keep 4)."""
+    ops, consumers, elements = _graph(model)
+    n = len(ops)
+    half = p < 4
+    keepers = layers.KEEPS_INPUT - layers.NORMS if half else layers.KEEPS_INPUT
+    segment = {name: s for s, names in enumerate(remat.segment_ops) for name in names}
+    ends = {}  # segment -> its last op's index
+    for i, op, _, _ in ops:
+        if op.name in segment:
+            ends[segment[op.name]] = i
+
+    def width(op) -> int:  # bytes per element an op computes in
+        return 4 if getattr(op, "compute_dtype", None) == "float32" else p
+
+    def last_alive(i: int, op) -> int:  # a segment's tensors exist during its backward only
+        return ends[segment[op.name]] if op.name in segment else n - 1
+
+    kept, work = _Timeline(n), _Timeline(n)
+    for i, op, ins, outs in ops:
+        kind = layers.kind(op)
+        size = sum(elements[t] for t in outs) * b
+        inputs = [elements[t] * b for t in ins]
+        # Its output, kept until the earliest backward that reads it.
+        readers = [(i, width(op))] if kind in layers.KEEPS_OUTPUT else []
+        for c in sorted({c for t in outs for c in consumers.get(t, [])}):
+            reader = ops[c][1]
+            # a segment keeps its inputs for its recomputation
+            other_segment = reader.name in segment and segment[reader.name] != segment.get(op.name)
+            if layers.kind(reader) in keepers or other_segment:
+                readers.append((c, width(reader)))
+        if readers:
+            release = min(c for c, _ in readers)
+            inside = op.name in segment and all(
+                segment.get(ops[c][1].name) == segment[op.name] for c, _ in readers
+            )
+            last = last_alive(i, op) if inside else n - 1
+            kept.add(release, last, size * max(w for _, w in readers))
+        # What it keeps of its own, freed by its own backward.
+        scaled = getattr(op, "scale", False)
+        own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled)
+        kept.add(i, last_alive(i, op), own)
+        # Its backward's workspace, and its output's gradient waiting for earlier readers.
+        work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op)))
+        for t in outs:
+            readers_of_t = consumers.get(t, [])
+            if len(readers_of_t) > 1:
+                work.add(i + 1, max(readers_of_t) - 1, elements[t] * b * width(op))
+    held, transient = kept.values(), work.values()
+    peak = max(range(n), key=lambda i: held[i] + transient[i])
+    batch = sum(_elements(t) for t in model.inputs) * b * 4  # the micro-batch fed to the step
+    return held[peak] + batch, transient[peak]

@@ -1,0 +1,97 @@
+"""The estimate's backward walk on functional graphs (runner/measure/backward.py): where the peak
+is, what a concatenation's backward holds, and what GELU keeps, against the allocator."""
+
+import keras
+import pytest
+import tensorflow as tf
+
+from runner.measure import backward, layers
+from runner.techniques.checkpointing import RematInfo
+
+L = keras.layers
+
+
+@pytest.fixture(autouse=True)
+def fresh_session():
+    keras.backend.clear_session()
+    yield
+
+
+def skip_and_concat():
+    """a (1x1 conv, 8 channels) -> b (1x1 conv, 8) -> concat [a, b] (16) -> pooling -> head, on
+    8x8x3 images: a's output is read on both sides of b (a skip), and the concatenation's
+    output is the largest tensor (1024 elements an example)."""
+    x = keras.Input((8, 8, 3))
+    a = L.Conv2D(8, 1, name="a")(x)
+    b = L.Conv2D(8, 1, name="b")(a)
+    merged = L.Concatenate(name="concat")([a, b])
+    pooled = L.GlobalAveragePooling2D(name="pool")(merged)
+    return keras.Model(x, L.Dense(10, name="head")(pooled))
+
+
+def test_the_peak_is_a_concatenations_backward_with_its_inputs_gradients():
+    # Per example, float32: the concatenation's backward holds its output gradient (1024
+    # elements) beside its inputs' (512 + 512): 2048, the largest moment (at b's backward, a's
+    # gradient from the concatenation waits beside b's pair: 512 x 3). Alive then: a's output,
+    # which b's backward reads next (512), and the input batch (192); the pooled 16 the head
+    # kept were freed by the head's backward. The old rule counted every kept output (528)
+    # beside a workspace of the largest output alone (1024).
+    activations, workspace = backward.walk(skip_and_concat(), 4, 4, RematInfo())
+    assert workspace == 2048 * 4 * 4
+    assert activations == (512 + 192) * 4 * 4
+
+
+def _peak_over_step(model, x) -> int:
+    """The allocator's peak over one forward+backward (after a warm-up), above what was held."""
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(model(x, training=True))
+        return tape.gradient(loss, [x])
+
+    step()
+    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    grads = step()
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - held
+    del grads
+    return peak
+
+
+def gelu_chain(depth: int) -> keras.Model:
+    x = keras.Input((16, 16, 32))
+    y = x
+    for _ in range(depth):
+        y = L.Activation("gelu")(y)
+    return keras.Model(x, y)
+
+
+def test_gelu_keeps_three_tensors_its_gradient_reads_as_measured():
+    # Four more Activation("gelu") add what they keep to the peak of a forward+backward:
+    # tf.nn.gelu's gradient reads x/2, -x/sqrt(2) and erfc(-x/sqrt(2)) (3 tensors, plus the
+    # erfc gradient's square computed ahead: measured 3.25). The old rule kept GELU's input
+    # (1 tensor a layer).
+    x = tf.random.normal((8, 16, 16, 32))
+    tensor = 8 * 16 * 16 * 32 * 4
+    measured = (_peak_over_step(gelu_chain(6), x) - _peak_over_step(gelu_chain(2), x)) / 4
+    assert layers.OWN_KEPT["Activation:gelu"] == 3
+    estimated = [backward.walk(gelu_chain(d), 8, 4, RematInfo()) for d in (2, 6)]
+    per_layer = (sum(estimated[1]) - sum(estimated[0])) / 4
+    assert per_layer == 3 * tensor
+    assert 0.85 <= measured / per_layer <= 1.25
+
+
+def test_a_depthwise_grouped_convolution_holds_xlas_dense_filter_gradient_at_any_batch():
+    # Conv2D(64, 7, groups=64) on 4x4x64: Keras runs it under XLA, whose CPU backward builds
+    # the filter gradient as a dense 7x7x64x64 convolution and masks it: 2 x 802,816 bytes,
+    # the same at batch 1 and 8. The old rule had no such term (its workspace was an output).
+    x = keras.Input((4, 4, 64))
+    model = keras.Model(x, L.Conv2D(64, 7, padding="same", groups=64)(x))
+    buffer = 2 * 7 * 7 * 64 * 64 * 4
+    for batch in (1, 8):
+        activations, workspace = backward.walk(model, batch, 4, RematInfo())
+        assert workspace == buffer + 2 * 4 * 4 * 64 * 4 * batch  # and its gradient pair
+    measured = _peak_over_step(model, tf.random.normal((8, 4, 4, 64)))
+    assert 0.9 <= measured / (activations + workspace) <= 1.25
