@@ -33,12 +33,12 @@ def test_the_peak_is_a_concatenations_backward_with_its_inputs_gradients():
     # Per example, float32: the concatenation's backward holds its output gradient (1024
     # elements) beside its inputs' (512 + 512): 2048, the largest moment (at b's backward, a's
     # gradient from the concatenation waits beside b's pair: 512 x 3). Alive then: a's output,
-    # which b's backward reads next (512), and the input batch (192); the pooled 16 the head
-    # kept were freed by the head's backward. The old rule counted every kept output (528)
-    # beside a workspace of the largest output alone (1024).
+    # which b's backward reads next (512); the pooled 16 the head kept were freed by the
+    # head's backward. The old rule counted every kept output (528) beside a workspace of
+    # the largest output alone (1024).
     activations, workspace = backward.walk(skip_and_concat(), 4, 4, RematInfo())
     assert workspace == 2048 * 4 * 4
-    assert activations == (512 + 192) * 4 * 4
+    assert activations == 512 * 4 * 4
 
 
 def _peak_over_step(model, x) -> int:

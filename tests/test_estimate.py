@@ -345,15 +345,16 @@ def two_block_cnn():
 
 @pytest.mark.parametrize(
     "name, activations, workspace",
-    [("fp32", (256 + 256 + 512 + 192) * 4, 512 * 4 + 3 * 512 * 4), ("bf16", 3840, 7168)],
+    [("fp32", (256 + 256 + 512 + 4 * 192) * 4, 512 * 4 + 3 * 512 * 4), ("bf16", 6144, 7168)],
 )
 @pytest.mark.usefixtures("fresh_session")
 def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(name, activations, workspace):
     # Inside the last rebuilt block the peak is the BatchNorm's backward: its 512-element output
     # gradient beside three float32 temporaries of its input (runner/measure/layers.py
     # NORM_TEMPORARIES). Alive then: the two segments' inputs (256 each), the expansion's
-    # output the BatchNorm reads (512) and the input batch (192); the ReLU's output was freed
-    # by the ReLU's backward. Under bfloat16 the segments' inputs are 16-bit (2 x 256 x 2),
+    # output the BatchNorm reads (512) and four micro-batches of input (4 x 192: the step's and
+    # those the pipeline holds, estimate.INPUT_MICRO_BATCHES); the ReLU's output was freed by
+    # the ReLU's backward. Under bfloat16 the segments' inputs are 16-bit (2 x 256 x 2),
     # the BatchNorm keeps its float32 copy (512 x 4) instead of the expansion's output, and its
     # output gradient is 16-bit: 512 x 2 + 3 x 512 x 4.
     cfg = compose_config(

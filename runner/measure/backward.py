@@ -29,10 +29,6 @@ from runner.measure import layers
 from runner.techniques.checkpointing import RematInfo
 
 
-def _elements(tensors) -> int:
-    return sum(math.prod(t.shape[1:]) for t in keras.tree.flatten(tensors))
-
-
 def _graph(model):
     """(ops, consumers of each tensor, elements per example of each tensor) in graph order; an
     op is (index, layer, input tensor ids, output tensor ids), tensors named by id."""
@@ -70,9 +66,9 @@ class _Timeline:
 
 
 def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
-    """(activations kept at the peak, with the input micro-batch; workspace then: the running
-    operation's and the gradients waiting at skip connections) in bytes, at micro-batch b and
-    p bytes per 16-bit-policy element (float32 layers keep 4)."""
+    """(activations kept at the peak; workspace then: the running operation's and the
+    gradients waiting at skip connections) in bytes, at micro-batch b and p bytes per
+    16-bit-policy element (float32 layers keep 4)."""
     ops, consumers, elements = _graph(model)
     n = len(ops)
     half = p < 4
@@ -121,5 +117,4 @@ def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
                 work.add(i + 1, max(readers_of_t) - 1, elements[t] * b * width(op))
     held, transient = kept.values(), work.values()
     peak = max(range(n), key=lambda i: held[i] + transient[i])
-    batch = sum(_elements(t) for t in model.inputs) * b * 4  # the micro-batch fed to the step
-    return held[peak] + batch, transient[peak]
+    return held[peak], transient[peak]

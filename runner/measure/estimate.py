@@ -131,12 +131,21 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
     return body + edges + head, workspace
 
 
+# Micro-batches of input the runner's pipeline (runner/train/data.py: map -> batch ->
+# prefetch(AUTOTUNE)) holds during a step, the step's own included: measured between draws,
+# synthetic images at 32-96 px, micro-batch 8-32, beside a consumer: 3.7-5.2.
+INPUT_MICRO_BATCHES = 4
+
+
 def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     """(activations, workspace) of a functional model at the peak of its step, from the
     backward walk (runner/measure/backward.py): the tensors the backward pass still keeps
-    then, by runner/measure/layers.py's rules, and what the running operation's backward and
-    the gradients waiting at skip connections hold. XLA fuses further."""
-    return backward.walk(model, b, p, remat)
+    then, by runner/measure/layers.py's rules, with the input micro-batches the pipeline
+    holds; and what the running operation's backward and the gradients waiting at skip
+    connections hold. XLA fuses further."""
+    kept, workspace = backward.walk(model, b, p, remat)
+    elements = sum(math.prod(t.shape[1:]) for t in model.inputs)
+    return kept + INPUT_MICRO_BATCHES * b * elements * 4, workspace
 
 
 def estimate_memory(

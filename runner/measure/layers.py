@@ -217,9 +217,14 @@ def workspace_bytes(op, kind_name: str, out: int, inputs: list[int], width: int)
     """Bytes a layer's backward holds while it runs (out, inputs: elements): its output
     gradient beside the gradients of its inputs; an Add passes its output gradient on and
     allocates none; a norm computes NORM_TEMPORARIES float32 tensors of its input's size
-    beside its output gradient; a grouped convolution adds XLA's buffer."""
+    beside its output gradient; a grouped convolution adds XLA's buffer. A nearest-neighbour
+    UpSampling2D is two repeats (ops.repeat: tile and reshape), whose gradients are sums: the
+    width repeat's (out / fw elements) is computed beside the output gradient (seen in the
+    U-Net's allocation trace: Repeat_1/Sum, half the output, beside it)."""
     if kind_name in NORMS:
         nbytes = out * width + NORM_TEMPORARIES * inputs[0] * 4
+    elif kind_name == "UpSampling2D" and getattr(op, "interpolation", "") == "nearest":
+        nbytes = (out + out // op.size[1]) * width
     elif kind_name == "Add":
         nbytes = out * width
     else:
