@@ -3,6 +3,7 @@ and `model=keras_app`. The real conf/ with examples/conf beside it, as `--config
 tiny sizes and a few steps; each bad input answered in one line."""
 
 import os
+import shutil
 import signal
 import textwrap
 from pathlib import Path
@@ -22,7 +23,7 @@ from runner.techniques import pruning
 from runner.train.batchnorm import initial_share
 from runner.train.pipeline import run
 from runner.train.usermodel import build_target
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 EXAMPLES = REPO / "examples"
 TINY = [
@@ -289,3 +290,26 @@ def test_a_user_model_stopped_by_sigterm_resumes_bitwise_equal(
     assert expected.keys() == got.keys() and len(got) > 10
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+@pytest.mark.slow  # three processes (the sweep, two jobs): about 45 s of CPU
+def test_a_sweep_of_user_models_runs_each_job_apart_from_the_users_folder(tmp_path, store):
+    """`python run.py -m --config-dir myconf model=unet,subclassed` from the folder that holds
+    the user's module, not on PYTHONPATH: each job's fresh process (sweep.isolate) composes
+    the user's YAML and imports the module as the sweep's process does."""
+    shutil.copytree(EXAMPLES / "conf", tmp_path / "myconf")
+    shutil.copy(EXAMPLES / "my_models.py", tmp_path)
+    result = run_cli(
+        ["-m", "--config-dir", "myconf", "model=unet,subclassed", *TINY, *SYNTHETIC]
+        + [f"mlflow.tracking_uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        tmp_path,
+        {"PYTHONPATH": ""},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    jobs = {r.data.params.get("model.name"): r for r in runs if "model.name" in r.data.params}
+    assert jobs.keys() == {"unet", "TinyNet"}
+    assert all(r.info.status == "FINISHED" for r in jobs.values())
+    pids = {r.data.tags.get("pid") for r in jobs.values()}
+    assert len(pids) == 2 and None not in pids, pids  # each in a process of its own
