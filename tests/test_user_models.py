@@ -313,3 +313,37 @@ def test_a_sweep_of_user_models_runs_each_job_apart_from_the_users_folder(tmp_pa
     assert all(r.info.status == "FINISHED" for r in jobs.values())
     pids = {r.data.tags.get("pid") for r in jobs.values()}
     assert len(pids) == 2 and None not in pids, pids  # each in a process of its own
+
+
+@pytest.mark.slow  # one fresh process (its CPU split into two logical devices): about 20 s
+def test_a_user_model_mirrored_on_two_devices_equals_one_device(user_cfg, tmp_path, store):
+    """The subclassed model (on tokens: no BatchNorm, whose per-replica statistics would
+    differ by design) under MirroredStrategy on 2 logical CPUs, 4 examples a replica, ends
+    with the weights of one device at 8 (SGD, so a gradient off by a factor shows)."""
+    job = ["model=subclassed", "model.input_kind=tokens", "data.seq_len=8", "trainer.max_steps=4"]
+    job += ["trainer.checkpoint_every=4", "trainer.optimizer=sgd", "trainer.lr=0.5"]
+    job += ["trainer.momentum=0.0", *SYNTHETIC]
+    one = run(user_cfg(*job, "data.batch_size=8"))
+    two_dir = tmp_path / "two"
+    result = run_cli(
+        ["--config-dir", str(EXAMPLES / "conf"), *TINY, *job, "data.batch_size=4"]
+        + ["distribution=mirrored", "distribution.logical_cpus=2"]
+        + [f"mlflow.tracking_uri={store}", f"hydra.run.dir={two_dir}"],
+        tmp_path,
+        {
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(EXAMPLES), os.environ.get("PYTHONPATH")])
+            )
+        },
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (two,) = [r for r in client.search_runs([client.get_run(one["run_id"]).info.experiment_id])
+              if r.info.run_id != one["run_id"]]  # fmt: skip
+    assert two.data.params["replicas"] == "2" and two.data.tags["distribution"] == "mirrored"
+    single = _final_state(Path(client.get_run(one["run_id"]).data.tags["run_dir"]))
+    mirrored = _final_state(two_dir)
+    weights = [n for n in single if n.startswith("model/")]
+    assert len(weights) >= 4
+    for name in weights:
+        np.testing.assert_allclose(mirrored[name], single[name], rtol=0, atol=1e-5, err_msg=name)
