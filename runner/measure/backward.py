@@ -8,9 +8,14 @@ from the last to the first, as TensorFlow's executor runs a step:
   gradient functions) is alive until the backward of the earliest operation that reads it
   has run, then freed; what an operation keeps of its own (a 16-bit norm's float32 copy, the
   tensors GELU's gradient reads) is freed with its own backward;
-- while an operation's backward runs, its workspace is alive (layers.workspace_elements:
-  the gradient of its output beside the gradients of its inputs, a norm's float32
-  temporaries, a grouped convolution's XLA buffer);
+- while an operation's backward runs, its workspace is alive (layers.workspace_bytes: the
+  gradient of its output beside the gradients of its inputs, a norm's float32 temporaries,
+  a grouped convolution's XLA buffer);
+- a layer with weights computes its weight gradient beside the backward of the operation
+  that produced its input: both gradients wait only for its output gradient, and the
+  executor runs them in parallel, so its input and its output gradient stay alive that long
+  (the U-Net's allocation trace: the decoder convolution's filter gradient finished after
+  the concatenation's and the upsampling's backward, its 6 MiB input alive until then);
 - a tensor read by operations on both sides of the one running (a skip connection: ResNet's
   shortcut, U-Net's encoder features) has its gradient waiting for the earlier ones.
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
