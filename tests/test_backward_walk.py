@@ -18,27 +18,28 @@ def fresh_session():
 
 
 def skip_and_concat():
-    """a (1x1 conv, 8 channels) -> b (1x1 conv, 8) -> concat [a, b] (16) -> pooling -> head, on
-    8x8x3 images: a's output is read on both sides of b (a skip), and the concatenation's
-    output is the largest tensor (1024 elements an example)."""
+    """a (1x1 conv, 8 channels) -> b (1x1 conv, 8) -> concat [a, b] (16) -> c (1x1 conv, 4) ->
+    pooling -> head, on 8x8x3 images: a's output is read on both sides of b (a skip), and the
+    concatenation's output (1024 elements an example) is the largest tensor."""
     x = keras.Input((8, 8, 3))
     a = L.Conv2D(8, 1, name="a")(x)
     b = L.Conv2D(8, 1, name="b")(a)
     merged = L.Concatenate(name="concat")([a, b])
-    pooled = L.GlobalAveragePooling2D(name="pool")(merged)
+    c = L.Conv2D(4, 1, name="c")(merged)
+    pooled = L.GlobalAveragePooling2D(name="pool")(c)
     return keras.Model(x, L.Dense(10, name="head")(pooled))
 
 
-def test_the_peak_is_a_concatenations_backward_with_its_inputs_gradients():
-    # Per example, float32: the concatenation's backward holds its output gradient (1024
-    # elements) beside its inputs' (512 + 512): 2048, the largest moment (at b's backward, a's
-    # gradient from the concatenation waits beside b's pair: 512 x 3). Alive then: a's output,
-    # which b's backward reads next (512); the pooled 16 the head kept were freed by the
-    # head's backward. The old rule counted every kept output (528) beside a workspace of
-    # the largest output alone (1024).
+def test_the_peak_is_a_concatenations_backward_beside_the_next_convolutions_filter_gradient():
+    # Per example, float32. The concatenation's backward holds its output gradient (1024
+    # elements) beside its inputs' (512 + 512). c's filter gradient runs beside it, so c's
+    # output gradient (256) and c's input, the concatenation's output (1024), are alive too,
+    # beside a's output, which b reads (512): 1536 kept, 2304 of workspace, the largest moment
+    # (c's own backward: 1536 + 1280; b's: 512 + 1024 + a's gradient waiting, 512). Without
+    # the concatenation's input gradients the peak was c's backward (1536 + 1280); without
+    # the filter gradient's overlap, the concatenation's (512 + 2048).
     activations, workspace = backward.walk(skip_and_concat(), 4, 4, RematInfo())
-    assert workspace == 2048 * 4 * 4
-    assert activations == 512 * 4 * 4
+    assert (activations, workspace) == (1536 * 4 * 4, 2304 * 4 * 4)
 
 
 def _peak_over_step(model, x) -> int:

@@ -8,9 +8,14 @@ from the last to the first, as TensorFlow's executor runs a step:
   gradient functions) is alive until the backward of the earliest operation that reads it
   has run, then freed; what an operation keeps of its own (a 16-bit norm's float32 copy, the
   tensors GELU's gradient reads) is freed with its own backward;
-- while an operation's backward runs, its workspace is alive (layers.workspace_elements:
-  the gradient of its output beside the gradients of its inputs, a norm's float32
-  temporaries, a grouped convolution's XLA buffer);
+- while an operation's backward runs, its workspace is alive (layers.workspace_bytes: the
+  gradient of its output beside the gradients of its inputs, a norm's float32 temporaries,
+  a grouped convolution's XLA buffer);
+- a layer with weights computes its weight gradient beside the backward of the operation
+  that produced its input: both gradients wait only for its output gradient, and the
+  executor runs them in parallel, so its input and its output gradient stay alive that long
+  (the U-Net's allocation trace: the decoder convolution's filter gradient finished after
+  the concatenation's and the upsampling's backward, its 6 MiB input alive until then);
 - a tensor read by operations on both sides of the one running (a skip connection: ResNet's
   shortcut, U-Net's encoder features) has its gradient waiting for the earlier ones.
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
@@ -85,32 +90,47 @@ def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     def last_alive(i: int, op) -> int:  # a segment's tensors exist during its backward only
         return ends[segment[op.name]] if op.name in segment else n - 1
 
+    producer = {t: i for i, _, _, outs in ops for t in outs}
+
+    def weight_gradient_ends(c: int) -> int:
+        """Where reader c's backward is done with its input: a layer with weights computes its
+        weight gradient beside the backward of the operation that produced its input (it and
+        the input gradient both wait only for c's output gradient: inter-op parallelism)."""
+        op_c, ins_c = ops[c][1], ops[c][2]
+        if not getattr(op_c, "trainable_weights", None) or not ins_c or ins_c[0] not in producer:
+            return c
+        return producer[ins_c[0]]
+
     kept, work = _Timeline(n), _Timeline(n)
     for i, op, ins, outs in ops:
         kind = layers.kind(op)
         size = sum(elements[t] for t in outs) * b
         inputs = [elements[t] * b for t in ins]
         # Its output, kept until the earliest backward that reads it.
-        readers = [(i, width(op))] if kind in layers.KEEPS_OUTPUT else []
+        # (reader, where its backward is done with the tensor, bytes an element)
+        readers = [(i, i, width(op))] if kind in layers.KEEPS_OUTPUT else []
         for c in sorted({c for t in outs for c in consumers.get(t, [])}):
             reader = ops[c][1]
             # a segment keeps its inputs for its recomputation
             other_segment = reader.name in segment and segment[reader.name] != segment.get(op.name)
-            if layers.kind(reader) in keepers or other_segment:
-                readers.append((c, width(reader)))
+            if layers.kind(reader) in keepers:
+                readers.append((c, weight_gradient_ends(c), width(reader)))
+            elif other_segment:
+                readers.append((c, c, width(reader)))
         if readers:
-            release = min(c for c, _ in readers)
+            release = min(done for _, done, _ in readers)
             inside = op.name in segment and all(
-                segment.get(ops[c][1].name) == segment[op.name] for c, _ in readers
+                segment.get(ops[c][1].name) == segment[op.name] for c, _, _ in readers
             )
             last = last_alive(i, op) if inside else n - 1
-            kept.add(release, last, size * max(w for _, w in readers))
+            kept.add(release, last, size * max(w for _, _, w in readers))
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
         own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled)
         kept.add(i, last_alive(i, op), own)
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op)))
+        work.add(weight_gradient_ends(i), i - 1, size * width(op))  # its output gradient
         for t in outs:
             readers_of_t = consumers.get(t, [])
             if len(readers_of_t) > 1:
