@@ -143,9 +143,12 @@ def test_a_jobs_peak_does_not_depend_on_the_jobs_before_it(server_sweep):
 # The isolated path (each job in a fresh process) is test_a_failed_isolated_job_...; this is
 # the other way a sweep runs its jobs: in the sweep's own process.
 def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
+    # trainer.device=/GPU:9 passes the command-line check and fails in device setup, where no
+    # run used to be opened yet: the store had no run and the sweep's report dropped the job.
     result = run_cli(
         [
             "-m",
+            "trainer.device=cpu,/GPU:9",
             "trainer.optimizer=sgd",
             "trainer.lr=0.01,1e30",
             "sweep.isolate=false",
@@ -155,11 +158,14 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
         env={"MLFLOW_TRACKING_URI": store},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "job 1 failed" in result.stderr
+    assert all(f"job {num} failed" in result.stderr for num in (1, 2, 3))
     client, parent, children = _sweep(store)
-    assert [c.info.status for c in children] == ["FINISHED", "FAILED"]
+    assert [c.info.status for c in children] == ["FINISHED"] + ["FAILED"] * 3
     assert children[1].data.tags["failure"] == "nan" and children[1].data.tags["error"]
-    assert parent.data.tags["failed_jobs"] == "1"
+    for failed in children[2:]:  # a failure in device setup leaves a FAILED run too
+        assert failed.data.tags["failure"] == "error"
+        assert "trainer.device=/GPU:9" in failed.data.tags["error"]
+    assert parent.data.tags["failed_jobs"] == "3"
     # The parent's description is the sweep's summary: its table and where to open it.
     note = parent.data.tags["mlflow.note.content"]
     experiment = parent.info.experiment_id
@@ -167,14 +173,15 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
     assert f"#/experiments/{experiment}/runs?workflowType=machine_learning" in note
     assert f"mlflow ui --backend-store-uri {store}" in note
     # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
-    assert [c.info.run_name for c in children] == ["baseline", "trainer.lr=1e+30"]
+    names = [c.info.run_name for c in children]
+    assert names[:2] == ["baseline", "trainer.lr=1e+30"], names
     assert "trainer.lr=1e+30" in children[1].data.tags["overrides"]
     assert "MLflow: run 'baseline' (overrides: " in children[0].data.tags["mlflow.note.content"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert REPORT <= artifacts
     # The terminal comparison reads the same runs.
     rows = compare.main(["--sweep", parent.info.run_id, "--tracking-uri", store])
-    assert [r["status"] for r in rows] == ["FINISHED", "FAILED"]
+    assert [r["status"] for r in rows] == ["FINISHED"] + ["FAILED"] * 3
     assert rows[0]["peak_MiB/base"] == 1.0 and "FAILED" in capsys.readouterr().out
 
 
