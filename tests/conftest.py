@@ -16,6 +16,7 @@ import pytest
 from omegaconf import DictConfig
 
 from runner.config import compose_config
+from runner.core.machine import CACHE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -198,13 +199,17 @@ _XLA_CACHE = pytest.StashKey[str]()
 def pytest_configure(config):
     """One XLA compilation cache for the whole session, its workers and every process they
     start: most tests compile the same tiny step, and XLA's persistent cache turns the
-    compile of a tiny run (about 15 s on 2 cores) into a load from disk. Set once by the
-    first process (xdist's controller), inherited by the workers and their subprocesses."""
+    compile of a tiny run (about 15 s on 2 cores) into a load from disk. Likewise one cache
+    of the CPU's calibrated peak FLOP/s and bandwidth (runner.measure.cpu_peak.cache_dir):
+    without it each job started in a fresh folder calibrates again (1-2 CPU-seconds a
+    dtype). Set once by the first process (xdist's controller), inherited by the workers and
+    their subprocesses."""
     if "TFMEMLAB_TEST_XLA_CACHE" not in os.environ:
         folder = tempfile.mkdtemp(prefix="tfmemlab-xla-cache-")
         os.environ["TFMEMLAB_TEST_XLA_CACHE"] = folder
         flags = os.environ.get("TF_XLA_FLAGS", "")
         os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}".strip()
+        os.environ[CACHE_ENV] = str(Path(folder) / "calibration")
         config.stash[_XLA_CACHE] = folder  # this process made it: it removes it at the end
 
 

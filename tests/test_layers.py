@@ -201,7 +201,7 @@ def test_profile_leaves_the_runs_own_figures_alone(store, tmp_path):
     # them from other threads (at h=16, s=8 they moved a 0.2 MiB peak by 3%).
     job = ["trainer.max_steps=4", "model.h=64", "model.layers=2", "data.seq_len=64"]
     job += ["trainer.progress=false", "profile.steps=1", "profile.repeats=1"]
-    seed_calibration(tmp_path)
+    seed_calibration()
     metrics = {}
     for profiled in ("false", "true"):
         result = run_cli(

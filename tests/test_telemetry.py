@@ -1,16 +1,14 @@
 """Memory and speed figures: the contract keys, their sources, and that they move the right way."""
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import tensorflow as tf
 from mlflow.tracking import MlflowClient
 
+from runner.core.machine import cache_dir
 from runner.measure import cpu_peak
 from runner.measure.telemetry import Memory, speed_figures
-from runner.report.figures import CACHE_DIR
 from runner.report.timeline import timeline_figure
 from runner.train import run
 from tests.conftest import run_cli
@@ -45,14 +43,12 @@ ESTIMATE_PARTS = [
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 
 
-def seed_calibration(folder: Path, policy: str = "float32") -> None:
-    """Give a `python run.py` started in `folder` this machine's calibrated CPU peak (for
-    `policy`) and bandwidth, calibrated here once if need be, so that it does not spend
-    seconds of matmuls and copies on them: no test that starts one looks at them."""
-    cpu_peak.peak(CACHE_DIR, policy)
-    cpu_peak.bandwidth(CACHE_DIR)
-    (folder / CACHE_DIR).mkdir(exist_ok=True)
-    shutil.copy(CACHE_DIR / cpu_peak.CACHE_FILE, folder / CACHE_DIR / cpu_peak.CACHE_FILE)
+def seed_calibration(policy: str = "float32") -> None:
+    """Calibrate this machine's CPU peak (for `policy`) and bandwidth once, in the suite's
+    shared cache ($TFMEMLAB_CACHE_DIR, set by conftest and inherited by every `python run.py`
+    a test starts), so that no job spends seconds of matmuls and copies on them."""
+    cpu_peak.peak(cache_dir(), policy)
+    cpu_peak.bandwidth(cache_dir())
 
 
 def check_contract(client: MlflowClient, run_id: str, model: str) -> dict:
@@ -130,7 +126,7 @@ def test_peak_grows_with_batch_and_width(tiny_cfg):
 def test_transformer_measured_over_estimate_in_band(precision, store, tmp_path):
     # The default transformer (at tiny sizes fixed runtime buffers dominate the peak), run as a
     # user runs it: a fresh process, so no earlier test's allocations are in its figures.
-    seed_calibration(tmp_path, {"fp32": "float32", "bf16": "mixed_bfloat16"}[precision])
+    seed_calibration({"fp32": "float32", "bf16": "mixed_bfloat16"}[precision])
     result = run_cli(
         [f"precision={precision}", "trainer.max_steps=3", "trainer.progress=false"],
         cwd=tmp_path,

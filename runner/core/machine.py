@@ -1,7 +1,17 @@
-"""What CPU this is, read at run time: machines differ from one day to the next (shared GUIDE)."""
+"""What CPU this is, read at run time: machines differ from one day to the next (shared GUIDE);
+and where its calibrations (runner/measure/cpu_peak.py) are cached."""
 
+import os
 import platform
 from pathlib import Path
+
+CACHE_ENV = "TFMEMLAB_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where this machine's calibrations are cached: $TFMEMLAB_CACHE_DIR (a folder any number
+    of projects and working folders can share), else ./outputs, beside the default store."""
+    return Path(os.environ.get(CACHE_ENV) or "outputs")
 
 
 def _cpuinfo() -> list[str]:

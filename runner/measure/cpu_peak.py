@@ -2,7 +2,9 @@
 cached on disk.
 
 Each figure is calibrated once per CPU model and core count (FLOP/s: per compute dtype too),
-then read back from `cache_dir/cpu_peak_flops.json`. A calibration taken while the machine was
+then read back from `cache_dir/cpu_peak_flops.json` (runner.core.machine.cache_dir: ./outputs,
+beside the default store, or the folder $TFMEMLAB_CACHE_DIR names, which any number of
+projects and folders on one machine can share). A calibration taken while the machine was
 busy (a parallel sweep, a benchmark) is too low (issue 13): the FLOP/s is calibrated again when
 a run achieves more than the cached figure (it would inflate every later MFU, and an MFU above
 1 is impossible), the bandwidth when it was measured on a busy machine (issue 14).

@@ -17,15 +17,14 @@ The model's weights, optimizer state and pruning masks are put back afterwards.
 
 import statistics
 import time
-from pathlib import Path
 
 import keras
 import tensorflow as tf
 
+from runner.core.machine import cache_dir
 from runner.measure import layers, roofline
 from runner.techniques.accumulation import make_train_step
 
-CACHE_DIR = Path("outputs")  # beside the calibrated CPU peak FLOP/s
 TIMING = "isolation: each layer forward+backward in its own tf.function, no XLA, real inputs"
 
 
@@ -155,7 +154,7 @@ def profile_layers(cfg, built, model, optimizer, data, pruner, device_name: str)
     # A layer faster than the cached CPU peak makes it calibrate again, as a run's MFU does: a
     # calibration taken on a busy machine (right after training, say) is too low.
     achieved = max(3 * r["forward_flops"] / r["time_s"] for r in table)
-    roof = roofline.ridge_point(device_name, cfg.precision.policy, CACHE_DIR, tf32, achieved)
+    roof = roofline.ridge_point(device_name, cfg.precision.policy, cache_dir(), tf32, achieved)
     figures = _finish(table, step_s, cfg.accum, roof["ridge"])
     figures.update(
         {

@@ -17,10 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config import with_batch
 from runner.core.errors import PlanError
+from runner.core.machine import CACHE_ENV, cache_dir
 from runner.core.process import in_fresh_process
-from runner.measure.cpu_peak import CACHE_FILE
 from runner.plan.line import CAP, Line, data_spec, device_info, divisors, estimate_line
-from runner.report.figures import CACHE_DIR
 from runner.train import pipeline
 
 PROBE_STEPS = 3
@@ -50,23 +49,16 @@ def _probe_in_child(container: dict, folder: str) -> dict:
     """Runs in a fresh process: PROBE_STEPS optimizer steps of the job, its measured peak."""
     import tensorflow as tf
 
-    # The CPU's calibrated peak FLOP/s and bandwidth are cached in ./outputs (figures.CACHE_DIR):
-    # the probe reads and adds to the job's own cache rather than calibrating again in its
-    # throw-away folder (2-3 s a probe, measured).
-    cache = (CACHE_DIR / CACHE_FILE).resolve()
+    # The probe reads and adds to the job's cache of the CPU's calibrated peak FLOP/s and
+    # bandwidth (cpu_peak.cache_dir) rather than calibrating again in its throw-away folder
+    # (2-3 s a probe, measured).
+    os.environ[CACHE_ENV] = str(cache_dir().resolve())
     os.chdir(folder)  # the probe's run directory goes to the throw-away folder
-    if cache.is_file():
-        CACHE_DIR.mkdir(exist_ok=True)
-        shutil.copy(cache, CACHE_DIR / CACHE_FILE)
     _quiet()
     try:
         figures = pipeline.run(OmegaConf.create(container))
     except tf.errors.ResourceExhaustedError:
         return {"peak_bytes": None, "oom": True}
-    finally:
-        if (CACHE_DIR / CACHE_FILE).is_file():
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(CACHE_DIR / CACHE_FILE, cache)
     return {"peak_bytes": int(figures["mem/peak_bytes"]), "oom": False}
 
 

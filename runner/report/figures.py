@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from models.spec import DataSpec
 from runner.core.diskfull import writing
+from runner.core.machine import cache_dir
 from runner.measure import estimate, flops
 from runner.measure.estimate import is_cpu_xla
 from runner.measure.history import History
@@ -21,8 +22,6 @@ from runner.measure.telemetry import Memory, speed_figures
 from runner.report.timeline import timeline_png
 from runner.techniques.checkpointing import RematInfo
 from runner.track.tracker import Tracker
-
-CACHE_DIR = Path("outputs")  # the calibrated CPU peak is cached here, beside the store
 
 
 def _params(model: keras.Model) -> dict[str, float]:
@@ -81,7 +80,7 @@ def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], 
     # impossible); the hardware rate (recomputation included) keeps HFU <= 1 as well.
     achieved = flops.achieved_flops(hardware, step_time_s)
     peak, source = flops.peak_flops(
-        facts.device_name, cfg.precision.policy, CACHE_DIR, tf32, achieved=achieved
+        facts.device_name, cfg.precision.policy, cache_dir(), tf32, achieved=achieved
     )
     return {
         "speed/flops_per_step": model,
