@@ -1,10 +1,13 @@
 """The GPU check's own code, run on the CPU at a tiny size, so that the one run on a GPU
 machine does not fail on a bug a CPU could have caught."""
 
+import contextlib
+import io
 import re
 
 import pytest
 
+import runner.bench
 from runner.bench import gpu_check
 from runner.bench import layers as layers_bench
 from tests.conftest import NO_MODEL, TINY, TINY_DATA
@@ -17,8 +20,24 @@ def test_gpu_check_refuses_a_machine_without_a_gpu():
         gpu_check.main([])
 
 
+def _jobs_in_this_process(monkeypatch) -> None:
+    """A benchmark's jobs run here, one after another, not each in a fresh process: what these
+    tests check is the printing and the verdict, which read whatever figures the jobs give; a
+    fresh process costs ~10 s of CPU to import TensorFlow and MLflow (the jobs' isolation is
+    the runner's, runner/core/process.py, and the plan benchmark's probes still run apart).
+    What a job prints stays its own, as a fresh process's output is: capsys sees the
+    benchmark's."""
+
+    def here(function, *args):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return function(*args)
+
+    monkeypatch.setattr(runner.bench, "in_fresh_process", here)
+
+
 @pytest.mark.slow
-def test_gpu_check_compares_each_precision_with_fp32(capsys):
+def test_gpu_check_compares_each_precision_with_fp32(capsys, monkeypatch):
+    _jobs_in_this_process(monkeypatch)
     tiny = [*TINY["transformer"], *TINY_DATA, "trainer.max_steps=3", "trainer.device=cpu"]
     tiny += NO_MODEL
     results = gpu_check.compare(tiny)
@@ -51,6 +70,7 @@ def test_layers_bench_prints_each_jobs_table_shares_and_check(capsys, monkeypatc
     # layer was memory-bound, and every share read 100%).
     small = [*TINY["transformer"], "model.h=64", "data.seq_len=64"]
     monkeypatch.setattr(layers_bench, "MODELS", {"transformer": small})
+    _jobs_in_this_process(monkeypatch)
     tiny = [*TINY_DATA, "profile.repeats=1", "profile.steps=1"]
     results = layers_bench.main(tiny, steps=2)
     out = capsys.readouterr().out
@@ -77,6 +97,7 @@ def test_plan_bench_prints_predicted_beside_measured_and_its_verdict(capsys, mon
 
     small = [
         "model=transformer",
+        "trainer.jit_compile=false",  # XLA's compile was most of each probe's time
         "model.h=16",
         "model.layers=2",
         "model.heads=2",
