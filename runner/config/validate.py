@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
+from models.spec import ATTENTION_KINDS, EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 from runner.config.data_checks import check_data_source
 from runner.config.model import (
     INPUT_KINDS,
@@ -90,6 +90,14 @@ def _validate_model(cfg: DictConfig) -> None:
         )
         _require(
             0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
+        )
+        _check_choice(cfg, "model.attention", ATTENTION_KINDS)
+        block = cfg.model.attention_block
+        _require(
+            isinstance(block, int) and not isinstance(block, bool) and block >= 1,
+            "model.attention_block",
+            block,
+            "a whole number >= 1 (keys per block of model.attention=chunked)",
         )
         _require(
             cfg.data.name != "image_folder",
