@@ -12,8 +12,10 @@ import tensorflow as tf
 
 from models import memory_limited as ml
 from models.chunked_attention import block_dropout_scale, chunked_attention_core
+from models.spec import DataSpec
 from models.transformer import TransformerBlock
 from runner.cli import check_command_line
+from runner.train.job import build_model
 from runner.train.pipeline import run
 from tests.conftest import compose_config
 
@@ -137,6 +139,9 @@ def test_a_chunked_block_equals_a_standard_block(causal):
     assert len(grads[0]) == 1 + 16  # x, and 4 projections + 2 norms + 2 dense, each with 2
     for g, e in zip(*grads, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    # The chunked block does run the chunked core: its loops are in the traced graph.
+    graph = tf.function(lambda t: chunked(t, training=True)).get_concrete_function(x).graph
+    assert {"While", "StatelessWhile"} & {op.type for op in graph.get_operations()}
     # The profile's rows compose to the block: the core is one row, the chunked core.
     env = {"x": x}
     rows = chunked.sublayers("x", "out", 2, 10)
@@ -164,9 +169,16 @@ def test_a_transformer_trains_with_chunked_attention(extra, tiny_cfg):
     assert result["steps"] == 3 and math.isfinite(result["train/final_loss"]), result
 
 
-def test_config_defaults_and_one_line_errors(store, capsys):
+def test_config_defaults_and_one_line_errors(store):
     cfg = compose_config(["model=transformer"])
     assert (cfg.model.attention, cfg.model.attention_block) == ("standard", 128)
+    cfg = compose_config(
+        ["model=transformer", "model.attention=chunked", "model.attention_block=4"]
+    )
+    model = build_model(cfg.model, DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16))
+    assert {(b.attention, b.attention_block) for b in model.layers if hasattr(b, "causal")} == {
+        ("chunked", 4)
+    }
     uri = f"mlflow.tracking_uri={store}"
     for override, expected in [
         (
@@ -175,7 +187,7 @@ def test_config_defaults_and_one_line_errors(store, capsys):
         ),
         (
             "model.attention_block=0",
-            "model.attention_block=0: not allowed; expected a whole number >= 1",
+            "model.attention_block=0: not allowed; expected a number >= 1",
         ),
         ("model.attention_block=1.5", "model.attention_block=1.5: "),
     ]:

@@ -92,13 +92,7 @@ def _validate_model(cfg: DictConfig) -> None:
             0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
         )
         _check_choice(cfg, "model.attention", ATTENTION_KINDS)
-        block = cfg.model.attention_block
-        _require(
-            isinstance(block, int) and not isinstance(block, bool) and block >= 1,
-            "model.attention_block",
-            block,
-            "a whole number >= 1 (keys per block of model.attention=chunked)",
-        )
+        _check_min(cfg, "model.attention_block", 1)  # an int: the schema says so
         _require(
             cfg.data.name != "image_folder",
             "data",
