@@ -59,15 +59,17 @@ def test_equals_the_standard_core_at_rate_0(t, s, causal):
     _assert_all_close(got, expected, 1e-5)
 
 
-def test_bfloat16_is_within_its_rounding_of_float32():
-    # Both cores in bfloat16 against the float32 standard core: chunked is no further off than
-    # standard is (bf16 keeps 8 significant bits, a relative step of 2^-8).
+# Significant bits: bfloat16 8, float16 11 (a relative step of 2^-8, 2^-11).
+@pytest.mark.parametrize("dtype, bits", [(tf.bfloat16, 8), (tf.float16, 11)])
+def test_16_bits_are_within_their_rounding_of_float32(dtype, bits):
+    # Both cores in 16 bits against the float32 standard core: chunked is no further off than
+    # standard is, or than a few steps of the dtype's rounding.
     qkv, upstream = _tensors(13, 13)
     exact = _value_and_grads(
         lambda q, k, v: ml.attention_core(q, k, v, None, 0.0, True), qkv, upstream
     )
-    half = [tf.cast(t, tf.bfloat16) for t in qkv]
-    up = tf.cast(upstream, tf.bfloat16)
+    half = [tf.cast(t, dtype) for t in qkv]
+    up = tf.cast(upstream, dtype)
     chunked = _value_and_grads(
         lambda q, k, v: chunked_attention_core(q, k, v, None, 0.0, True, 4), half, up
     )
@@ -75,11 +77,11 @@ def test_bfloat16_is_within_its_rounding_of_float32():
         lambda q, k, v: ml.attention_core(q, k, v, None, 0.0, True), half, up
     )
     for name, c, s, e in zip(("output", "dq", "dk", "dv"), chunked, standard, exact, strict=True):
-        assert c.dtype == tf.bfloat16, name
+        assert c.dtype == dtype, name
         scale = float(tf.reduce_max(tf.abs(e)))
         error = float(tf.reduce_max(tf.abs(tf.cast(c, tf.float32) - e)))
         standard_error = float(tf.reduce_max(tf.abs(tf.cast(s, tf.float32) - e)))
-        assert error <= max(2 * standard_error, 4 * 2**-8 * scale), (name, error, standard_error)
+        assert error <= max(2 * standard_error, 4 * 2**-bits * scale), (name, error, standard_error)
 
 
 def _dense_reference(seed, rate, causal, block):
