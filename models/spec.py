@@ -25,9 +25,10 @@ class DataSpec:
         return self.input_shape[0] if self.kind == "tokens" else 0
 
 
-# Option names of the image models, here (no TensorFlow import) so that config validation
-# and the builders share one list.
+# Option names of the image models and the transformer's attention, here (no TensorFlow
+# import) so that config validation and the builders share one list.
 MOBILENET_VERSIONS = ("v2", "v3_small", "v3_large")
+ATTENTION_KINDS = ("standard", "chunked")  # the transformer's model.attention
 EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + tuple(
     f"V2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")
 )

@@ -5,6 +5,7 @@ import functools
 import keras
 import tensorflow as tf
 
+from models.chunked_attention import chunked_attention_core
 from models.common import Sublayer, load_weights, require_kind
 from models.memory_limited import (
     LayerNorm,
@@ -15,7 +16,7 @@ from models.memory_limited import (
     probs_dropout,
     softmax,
 )
-from models.spec import DataSpec
+from models.spec import ATTENTION_KINDS, DataSpec
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -26,16 +27,33 @@ class TransformerBlock(keras.layers.Layer):
     input, GELU its input, the softmax its 16-bit output, so each layer keeps Korthikanti et
     al. 2022's 34sbh + 5as^2b bytes at 16 bits. MultiHeadAttention holds the projections'
     weights; the attention core between them is memory_limited.attention_core, recomputed in
-    backprop when `recompute_attention` is set (checkpointing=selective).
+    backprop when `recompute_attention` is set (checkpointing=selective). With
+    attention="chunked" the core is models/chunked_attention.py's, key blocks of
+    `attention_block`, and is never recomputed: it keeps only q, k, v, its output (which the
+    output projection keeps anyway) and a float32 logsumexp per query, and its backward already
+    recomputes the probabilities, so recomputing it would cost a forward pass of the core to
+    save the logsumexp alone.
 
     call() takes the hidden tensor as its only positional tensor and no tensor kwargs, so the
     block can be wrapped in tf.recompute_grad (keras.RematScope is broken on the TF backend,
     keras-team/keras#21207). Causality is a constructor flag for the same reason.
     """
 
-    def __init__(self, h, heads, dropout=0.0, causal=False, **kwargs):
+    def __init__(
+        self,
+        h,
+        heads,
+        dropout=0.0,
+        causal=False,
+        attention="standard",
+        attention_block=128,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention={attention!r}: expected one of {ATTENTION_KINDS}")
         self.h, self.heads, self.dropout, self.causal = h, heads, dropout, causal
+        self.attention, self.attention_block = attention, attention_block
         self.recompute_attention = False
         self.attn_norm = LayerNorm(epsilon=1e-5, name="attn_norm")
         self.attn = keras.layers.MultiHeadAttention(
@@ -66,9 +84,12 @@ class TransformerBlock(keras.layers.Layer):
             seed = tf.cast(tf.math.floormod(self.probs_seed.next(), tf.int32.max - 1), tf.int32)
 
         def core(query, key, value):  # the seed is captured: recompute_grad watches floats
+            if self.attention == "chunked":
+                block = self.attention_block
+                return chunked_attention_core(query, key, value, seed, rate, self.causal, block)
             return attention_core(query, key, value, seed, rate, self.causal)
 
-        if self.recompute_attention and training:
+        if self.recompute_attention and training and self.attention == "standard":
             context = tf.recompute_grad(core)(query, key, value)
         else:
             context = core(query, key, value)
@@ -85,11 +106,10 @@ class TransformerBlock(keras.layers.Layer):
         h, attn, p = self.h, self.attn, self.name + "/"
         bsh = batch * seq * h
         matmul = 2 * bsh * h + bsh  # one h x h projection with its bias
-        seed = tf.constant([1, 2], tf.int32)
 
-        def row(name, kind, fn, inputs, output, owner=None, flops=None):
+        def row(name, kind, fn, inputs, output, owner=None, flops=None, kept=0):
             variables = owner.trainable_variables if owner is not None else []
-            return Sublayer(p + name, kind, fn, tuple(inputs), output, variables, flops)
+            return Sublayer(p + name, kind, fn, tuple(inputs), output, variables, flops, kept)
 
         def dropout(name, layer, inputs, output):
             return row(name, "Dropout", lambda t: layer(t, training=True), inputs, output)
@@ -104,36 +124,7 @@ class TransformerBlock(keras.layers.Layer):
                     ("value", attn._value_dense),
                 )
             ),
-            row(
-                "attn_scores",
-                "attention_scores",
-                attention_scores,
-                [p + "query", p + "key"],
-                p + "scores",
-                flops=2 * seq * bsh,
-            ),
-            row(
-                "attn_softmax",
-                "attention_softmax",
-                functools.partial(softmax, causal=self.causal),
-                [p + "scores"],
-                p + "probs",
-            ),
-            row(
-                "attn_probs_dropout",
-                "Dropout",
-                lambda t: probs_dropout(t, self.dropout, seed),
-                [p + "probs"],
-                p + "dropped",
-            ),
-            row(
-                "attn_context",
-                "attention_context",
-                attention_context,
-                [p + "dropped", p + "value"],
-                p + "context",
-                flops=2 * seq * bsh,
-            ),
+            *self._core_rows(row, p, batch, seq),
             row(
                 "attn_output",
                 "EinsumDense",
@@ -178,6 +169,65 @@ class TransformerBlock(keras.layers.Layer):
             if r.kind != "Dropout"
         ]
 
+    def _core_rows(self, row, p: str, batch: int, seq: int) -> list[Sublayer]:
+        """The attention core's rows, from query, key and value to the context: scores,
+        softmax, dropout and product with V; or, chunked, one memory-limited row that keeps
+        q, k, v (its readers' rule does not know the kind yet) and a float32 logsumexp per
+        query and head."""
+        seed, flops = tf.constant([1, 2], tf.int32), 2 * seq * batch * seq * self.h
+        qkv = [p + "query", p + "key", p + "value"]
+        if self.attention == "chunked":
+            width = tf.as_dtype(self.compute_dtype).size
+            block, kept = self.attention_block, batch * seq * (3 * self.h * width + 4 * self.heads)
+
+            def core(q, k, v):
+                return chunked_attention_core(q, k, v, seed, self.dropout, self.causal, block)
+
+            return [
+                row(
+                    "attn_core",
+                    "chunked_attention",
+                    core,
+                    qkv,
+                    p + "context",
+                    None,
+                    2 * flops,
+                    kept,
+                )
+            ]
+        return [
+            row(
+                "attn_scores",
+                "attention_scores",
+                attention_scores,
+                qkv[:2],
+                p + "scores",
+                flops=flops,
+            ),
+            row(
+                "attn_softmax",
+                "attention_softmax",
+                functools.partial(softmax, causal=self.causal),
+                [p + "scores"],
+                p + "probs",
+            ),
+            row(
+                "attn_probs_dropout",
+                "Dropout",
+                lambda t: probs_dropout(t, self.dropout, seed),
+                [p + "probs"],
+                p + "dropped",
+            ),
+            row(
+                "attn_context",
+                "attention_context",
+                attention_context,
+                [p + "dropped", p + "value"],
+                p + "context",
+                flops=flops,
+            ),
+        ]
+
     def _mlp_up_linear(self, y):
         """mlp_up without its GELU (a row of its own): matmul and bias, as Dense computes them."""
         dense = self.mlp_up
@@ -188,11 +238,24 @@ class TransformerBlock(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(h=self.h, heads=self.heads, dropout=self.dropout, causal=self.causal)
+        config.update(attention=self.attention, attention_block=self.attention_block)
         return config
 
 
-def build_transformer(spec: DataSpec, h=128, layers=2, heads=4, dropout=0.0, weights=None):
+def build_transformer(
+    spec: DataSpec,
+    h=128,
+    layers=2,
+    heads=4,
+    dropout=0.0,
+    attention="standard",
+    attention_block=128,
+    weights=None,
+):
     """Token + learned position embeddings -> `layers` TransformerBlocks -> LN -> head.
+
+    attention: "standard" (the s^2 core) or "chunked" (exact, linear in the sequence length,
+    key blocks of `attention_block`: models/chunked_attention.py).
 
     spec.per_token: causal blocks and logits [B, seq, num_classes] (language modelling);
     otherwise bidirectional blocks, mean-pooled, logits [B, num_classes]. Logits are float32
@@ -207,7 +270,10 @@ def build_transformer(spec: DataSpec, h=128, layers=2, heads=4, dropout=0.0, wei
     x = keras.layers.Embedding(spec.vocab_size, h, name="token_embedding")(tokens)
     x = x + keras.layers.Embedding(spec.seq_len, h, name="position_embedding")(positions)
     for i in range(layers):
-        x = TransformerBlock(h, heads, dropout, causal=spec.per_token, name=f"block_{i}")(x)
+        block = TransformerBlock(
+            h, heads, dropout, spec.per_token, attention, attention_block, name=f"block_{i}"
+        )
+        x = block(x)
     x = LayerNorm(epsilon=1e-5, name="final_norm")(x)
     if not spec.per_token:
         x = keras.layers.GlobalAveragePooling1D(name="pool")(x)

@@ -28,6 +28,8 @@ class TransformerConfig:
     layers: int = 2
     heads: int = 4
     dropout: float = 0.0
+    attention: str = "standard"  # or chunked: exact, memory linear in the sequence length
+    attention_block: int = 128  # chunked: keys per block
     weights: str | None = None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
+from models.spec import ATTENTION_KINDS, EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 from runner.config.data_checks import check_data_source
 from runner.config.model import (
     INPUT_KINDS,
@@ -91,6 +91,8 @@ def _validate_model(cfg: DictConfig) -> None:
         _require(
             0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
         )
+        _check_choice(cfg, "model.attention", ATTENTION_KINDS)
+        _check_min(cfg, "model.attention_block", 1)  # an int: the schema says so
         _require(
             cfg.data.name != "image_folder",
             "data",

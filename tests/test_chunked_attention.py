@@ -1,0 +1,200 @@
+"""Chunked attention (issue 29): exact, key block by key block. Its outputs and gradients equal
+the standard core's at dropout 0, and with dropout those of a dense reference that applies
+the same block-wise masks; the transformer trains with it under XLA and without, and with
+checkpointing=selective; model.attention and model.attention_block are checked."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import memory_limited as ml
+from models.chunked_attention import block_dropout_scale, chunked_attention_core
+from models.spec import DataSpec
+from models.transformer import TransformerBlock
+from runner.cli import check_command_line
+from runner.train.job import build_model
+from runner.train.pipeline import run
+from tests.conftest import compose_config
+
+BATCH, HEADS, WIDTH = 2, 2, 8
+
+
+def _tensors(t: int, s: int, dtype=tf.float32, seed: int = 0):
+    """query [B, T, N, H], key and value [B, S, N, H], and an upstream gradient like query.
+    Values of a few units, so that a wrongly rescaled block shows."""
+    rng = np.random.default_rng(seed)
+    shapes = [(BATCH, t, HEADS, WIDTH), (BATCH, s, HEADS, WIDTH), (BATCH, s, HEADS, WIDTH)]
+    qkv = [tf.constant(rng.normal(size=shape) * 1.5, dtype) for shape in shapes]
+    return qkv, tf.constant(rng.normal(size=shapes[0]), dtype)
+
+
+def _value_and_grads(fn, qkv, upstream):
+    with tf.GradientTape() as tape:
+        tape.watch(qkv)
+        out = fn(*qkv)
+    return [out, *tape.gradient(out, qkv, upstream)]
+
+
+def _assert_all_close(got, expected, tol):
+    for name, g, e in zip(("output", "dq", "dk", "dv"), got, expected, strict=True):
+        np.testing.assert_allclose(np.float32(g), np.float32(e), rtol=tol, atol=tol, err_msg=name)
+
+
+# Key lengths not a multiple of the block (13 = 3 x 4 + 1: a padded last block) and a multiple
+# (16); queries as many as keys, and fewer (cross-attention, not causal).
+@pytest.mark.parametrize(
+    "t, s, causal", [(13, 13, True), (16, 16, True), (13, 13, False), (5, 16, False)]
+)
+def test_equals_the_standard_core_at_rate_0(t, s, causal):
+    qkv, upstream = _tensors(t, s)
+    got = _value_and_grads(
+        lambda q, k, v: chunked_attention_core(q, k, v, None, 0.0, causal, 4), qkv, upstream
+    )
+    expected = _value_and_grads(
+        lambda q, k, v: ml.attention_core(q, k, v, None, 0.0, causal), qkv, upstream
+    )
+    _assert_all_close(got, expected, 1e-5)
+
+
+# Significant bits: bfloat16 8, float16 11 (a relative step of 2^-8, 2^-11).
+@pytest.mark.parametrize("dtype, bits", [(tf.bfloat16, 8), (tf.float16, 11)])
+def test_16_bits_are_within_their_rounding_of_float32(dtype, bits):
+    # Both cores in 16 bits against the float32 standard core: chunked is no further off than
+    # standard is, or than a few steps of the dtype's rounding.
+    qkv, upstream = _tensors(13, 13)
+    exact = _value_and_grads(
+        lambda q, k, v: ml.attention_core(q, k, v, None, 0.0, True), qkv, upstream
+    )
+    half = [tf.cast(t, dtype) for t in qkv]
+    up = tf.cast(upstream, dtype)
+    chunked = _value_and_grads(
+        lambda q, k, v: chunked_attention_core(q, k, v, None, 0.0, True, 4), half, up
+    )
+    standard = _value_and_grads(
+        lambda q, k, v: ml.attention_core(q, k, v, None, 0.0, True), half, up
+    )
+    for name, c, s, e in zip(("output", "dq", "dk", "dv"), chunked, standard, exact, strict=True):
+        assert c.dtype == dtype, name
+        scale = float(tf.reduce_max(tf.abs(e)))
+        error = float(tf.reduce_max(tf.abs(tf.cast(c, tf.float32) - e)))
+        standard_error = float(tf.reduce_max(tf.abs(tf.cast(s, tf.float32) - e)))
+        assert error <= max(2 * standard_error, 4 * 2**-bits * scale), (name, error, standard_error)
+
+
+def _dense_reference(seed, rate, causal, block):
+    """Standard attention with block_dropout_scale's masks laid side by side over the keys."""
+
+    def reference(q, k, v):
+        scores = tf.cast(ml.attention_scores(q, k), tf.float32)  # [B, N, T, S]
+        t, s = scores.shape[-2:]
+        if causal:
+            scores = tf.where(tf.linalg.band_part(tf.ones((t, s), tf.bool), -1, 0), scores, -1e30)
+        shape = [*scores.shape[:-1], block]
+        masks = [block_dropout_scale(seed, j, shape, rate) for j in range(math.ceil(s / block))]
+        dropped = tf.nn.softmax(scores, -1) * tf.concat(masks, -1)[..., :s]
+        return tf.einsum("BNTS,BSNH->BTNH", dropped, v)
+
+    return reference
+
+
+def test_dropout_equals_a_dense_reference_with_the_same_block_masks():
+    qkv, upstream = _tensors(13, 13)
+    seed, rate = tf.constant([7, 11], tf.int32), 0.3
+    got = _value_and_grads(
+        lambda q, k, v: chunked_attention_core(q, k, v, seed, rate, True, 4), qkv, upstream
+    )
+    _assert_all_close(
+        got, _value_and_grads(_dense_reference(seed, rate, True, 4), qkv, upstream), 1e-5
+    )
+    # Dropout did act, each block has a mask of its own, and another step's seed draws others.
+    plain = chunked_attention_core(*qkv, None, 0.0, True, 4)
+    assert np.abs(got[0] - plain).max() > 0.1
+    shape = [BATCH, HEADS, 13, 4]
+    first, second = (block_dropout_scale(seed, j, shape, rate) for j in (0, 1))
+    later = block_dropout_scale(tf.constant([8, 11], tf.int32), 0, shape, rate)
+    kept = float(tf.reduce_mean(tf.cast(first > 0, tf.float32)))
+    assert abs(kept - (1 - rate)) < 0.15, kept
+    assert float(tf.reduce_mean(tf.cast(first != second, tf.float32))) > 0.2
+    assert float(tf.reduce_mean(tf.cast(first != later, tf.float32))) > 0.2
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_chunked_block_equals_a_standard_block(causal):
+    keras.utils.set_random_seed(0)
+    standard = TransformerBlock(24, 3, 0.0, causal, name="block_0")
+    chunked = TransformerBlock(24, 3, 0.0, causal, "chunked", 4, name="block_0")
+    x = tf.random.normal((2, 10, 24))
+    standard(x), chunked(x)
+    chunked.set_weights(standard.get_weights())
+    upstream = tf.random.normal((2, 10, 24))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        got, expected = chunked(x, training=True), standard(x, training=True)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    grads = [
+        tape.gradient(out, [x, *block.trainable_variables], upstream)
+        for out, block in ((got, chunked), (expected, standard))
+    ]
+    assert len(grads[0]) == 1 + 16  # x, and 4 projections + 2 norms + 2 dense, each with 2
+    for g, e in zip(*grads, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    # The chunked block does run the chunked core: its loops are in the traced graph.
+    graph = tf.function(lambda t: chunked(t, training=True)).get_concrete_function(x).graph
+    assert {"While", "StatelessWhile"} & {op.type for op in graph.get_operations()}
+    # The profile's rows compose to the block: the core is one row, the chunked core.
+    env = {"x": x}
+    rows = chunked.sublayers("x", "out", 2, 10)
+    for row in rows:
+        env[row.output] = row.fn(*(env[name] for name in row.inputs))
+    np.testing.assert_allclose(env["out"], got, rtol=1e-5, atol=1e-5)
+    assert [r.kind for r in rows].count("chunked_attention") == 1
+    assert "attention_softmax" not in {r.kind for r in rows}
+
+
+# One run each: without XLA, with checkpointing=selective and dropout (the masks drawn again
+# in backward); with XLA (the loops compiled). 2 blocks of 4 keys over 8 tokens.
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["trainer.jit_compile=false", "checkpointing=selective", "model.dropout=0.1"],
+        # slow: 13.8-21.5 s, XLA compiling the tiny step (2 cores shared with other work)
+        pytest.param(["trainer.jit_compile=true", "model.dropout=0.1"], marks=pytest.mark.slow),
+    ],
+    ids=["no-xla-selective", "xla"],
+)
+def test_a_transformer_trains_with_chunked_attention(extra, tiny_cfg):
+    result = run(
+        tiny_cfg("transformer", "model.attention=chunked", "model.attention_block=4", *extra)
+    )
+    assert result["steps"] == 3 and math.isfinite(result["train/final_loss"]), result
+
+
+def test_config_defaults_and_one_line_errors(store):
+    cfg = compose_config(["model=transformer"])
+    assert (cfg.model.attention, cfg.model.attention_block) == ("standard", 128)
+    cfg = compose_config(
+        ["model=transformer", "model.attention=chunked", "model.attention_block=4"]
+    )
+    model = build_model(cfg.model, DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16))
+    assert {(b.attention, b.attention_block) for b in model.layers if hasattr(b, "causal")} == {
+        ("chunked", 4)
+    }
+    uri = f"mlflow.tracking_uri={store}"
+    for override, expected in [
+        (
+            "model.attention=flash",
+            "model.attention=flash: not allowed; expected one of standard, chunked",
+        ),
+        (
+            "model.attention_block=0",
+            "model.attention_block=0: not allowed; expected a number >= 1",
+        ),
+        ("model.attention_block=1.5", "model.attention_block=1.5: "),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            check_command_line([override, uri])
+        line = str(exit_.value.code)
+        assert "\n" not in line and line.startswith(f"error: {expected}"), line
