@@ -23,6 +23,18 @@ NOT_MODELLED = (
     "activations not modelled: a subclassed model's layers cannot be read as a graph, so the "
     "estimate has only params, gradients, optimizer, accumulation and masks (no total)"
 )
+NOT_MODELLED_CHUNKED = (
+    "activations not modelled: model.attention=chunked keeps O(s) per layer where the "
+    "transformer's rules count standard attention's s^2 terms, so the estimate has only params, "
+    "gradients, optimizer, accumulation and masks (no total)"
+)
+
+
+def not_modelled(cfg, model) -> str | None:
+    """Why the estimate has no activations part for this job (None: it has one)."""
+    if cfg.model.name == "transformer" and cfg.model.get("attention", "standard") == "chunked":
+        return NOT_MODELLED_CHUNKED
+    return None if is_graph(model) else NOT_MODELLED
 
 
 def is_cpu_xla(jit: bool, device_name: str) -> bool:
@@ -152,8 +164,8 @@ def estimate_memory(
     model, optimizer, cfg, spec, cpu_xla: bool = False, remat: RematInfo | None = None
 ) -> dict[str, int]:
     """Bytes of each part training keeps at its peak, and their sum under "total". For a
-    subclassed model (not a graph) activations and workspace are not modelled: they are left
-    out and "total" is None (NOT_MODELLED says why).
+    subclassed model (not a graph) and for chunked attention, activations and workspace are not
+    modelled: they are left out and "total" is None (`not_modelled` says why).
 
     model: the model before checkpointing wrapped it; remat: what checkpointing.apply did.
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
@@ -165,12 +177,12 @@ def estimate_memory(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
-    if transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
+    if not_modelled(cfg, model):  # a subclassed model's insides, or chunked attention
+        activations, workspace = None, None
+    elif transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
         activations, workspace = xla_memory.transformer_activations(cfg, spec, p)
     elif cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
-    elif not is_graph(model):  # a subclassed model's insides: no rule reaches them
-        activations, workspace = None, None
     else:
         activations, workspace = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo()

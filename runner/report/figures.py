@@ -65,7 +65,7 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
         "mem/pool_grown_bytes": facts.mem.pool_grown,
         "mem/peak_rss_bytes": facts.mem.peak_rss(),
     }
-    if parts["total"] is not None:  # None: activations not modelled (estimate.NOT_MODELLED)
+    if parts["total"] is not None:  # None: activations not modelled (estimate.not_modelled)
         figures["mem/estimate_bytes"] = parts["total"]
         figures["mem/measured_over_estimate"] = peak / parts["total"]
     figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
@@ -110,7 +110,11 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
     if cfg.precision.loss_scaling:
         figures["precision/skipped_steps"] = history.skipped_steps
     sources = {
-        **({} if "mem/estimate_bytes" in memory else {"mem/estimate_note": estimate.NOT_MODELLED}),
+        **(
+            {}
+            if "mem/estimate_bytes" in memory
+            else {"mem/estimate_note": estimate.not_modelled(cfg, facts.model)}
+        ),
         "mem/source": facts.mem.source,
         "mem/reserved_source": reserved_source,
         "speed/peak_source": peak_source,
