@@ -15,6 +15,7 @@ BENCHES = (
     "layers",
     "plan",
     "distribution",
+    "attention",
 )
 
 

@@ -1,9 +1,11 @@
 """The attention core alone, standard against chunked: the CPU allocator's peak and the time
-of one forward+backward against the sequence length (issue 29). Run by hand, one cell per
-fresh process, not by the suite:
+of one forward+backward against the sequence length (issue 29), one cell per fresh process:
 
-    python -m tests.attention_core_memory                 # s = 256..2048, h=128, 8 heads, b=4
-    python -m tests.attention_core_memory --xla --lengths 1024
+    python -m runner.bench attention                 # s = 256..2048, h=128, 8 heads, b=4
+    python -m runner.bench attention --xla --lengths 1024
+
+Still to come: the whole model, the longest sequence under a fixed memory limit and the
+picture of the s^2 and s growth.
 
 The peak is get_memory_info('CPU:0')['peak'] after reset_memory_stats (as runner/measure
 reads a step's), with q, k, v and the output gradient already allocated; "held" is the peak
@@ -15,7 +17,6 @@ import argparse
 import statistics
 import time
 
-import runner  # noqa: F401  (the CPU allocator's statistics, before TensorFlow loads)
 from runner.core.process import in_fresh_process
 from runner.core.text import table
 
@@ -60,7 +61,7 @@ def measure(kind: str, seq: int, h: int, heads: int, batch: int, block: int, xla
     return {"peak": peak, "inputs": before, "time": statistics.median(times)}
 
 
-def main(argv=None) -> None:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
     parser.add_argument("--h", type=int, default=128)
@@ -95,7 +96,3 @@ def main(argv=None) -> None:
     )
     columns = ["s", "attention", "peak MiB", "held MiB", "time s", "a*s^2*b*4 MiB"]
     print(table(rows, columns + ["peak ratio", "time ratio"]))
-
-
-if __name__ == "__main__":
-    main()
