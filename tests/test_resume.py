@@ -44,7 +44,7 @@ def _start(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Po
     )
 
 
-def _final_state(run_dir: Path) -> dict[str, np.ndarray]:
+def final_state(run_dir: Path) -> dict[str, np.ndarray]:
     """Every tensor of the run's last checkpoint but the bookkeeping, by name."""
     reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
     names = reader.get_variable_to_shape_map()
@@ -117,7 +117,7 @@ def test_a_run_killed_at_a_random_step_resumes_bitwise_equal(tmp_path, store):
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(steps) == list(range(1, STEPS + 1))
 
-    expected, got = _final_state(whole), _final_state(run_dir)
+    expected, got = final_state(whole), final_state(run_dir)
     assert expected.keys() == got.keys() and len(got) > 10
     assert any(n.startswith("masks") for n in got)  # pruning's masks are in the state
     different = [n for n in expected if not np.array_equal(expected[n], got[n])]

@@ -11,7 +11,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -24,6 +23,7 @@ from runner.train.batchnorm import initial_share
 from runner.train.pipeline import run
 from runner.train.usermodel import build_target
 from tests.conftest import REPO, run_cli
+from tests.test_resume import final_state
 
 EXAMPLES = REPO / "examples"
 TINY = [
@@ -239,17 +239,6 @@ def test_bad_input_on_the_command_line_is_one_line(tmp_path, monkeypatch, files,
     assert exit_.value.code == printed.format(dir=conf)
 
 
-def _final_state(run_dir: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the run's last checkpoint but the bookkeeping, by name."""
-    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
-    skip = ("_CHECKPOINTABLE", "save_counter", "iterator")  # its prefetch buffer varies
-    return {
-        n: reader.get_tensor(n)
-        for n in reader.get_variable_to_shape_map()
-        if not n.startswith(skip)
-    }
-
-
 @pytest.mark.parametrize(
     ("model", "technique"),
     [("unet", ["accum=2", "checkpointing=blocks"]), ("subclassed", ["precision=mixed"])],
@@ -286,7 +275,7 @@ def test_a_user_model_stopped_by_sigterm_resumes_bitwise_equal(
     _one_job(user_cfg(*job, f"trainer.resume={stopped}"))
     resumed = client.get_run(stopped.name)
     assert resumed.info.status == "FINISHED" and resumed.data.tags["resumed_from_step"] == "3"
-    expected, got = _final_state(runs / whole["run_id"]), _final_state(stopped)
+    expected, got = final_state(runs / whole["run_id"]), final_state(stopped)
     assert expected.keys() == got.keys() and len(got) > 10
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
@@ -341,8 +330,8 @@ def test_a_user_model_mirrored_on_two_devices_equals_one_device(user_cfg, tmp_pa
     (two,) = [r for r in client.search_runs([client.get_run(one["run_id"]).info.experiment_id])
               if r.info.run_id != one["run_id"]]  # fmt: skip
     assert two.data.params["replicas"] == "2" and two.data.tags["distribution"] == "mirrored"
-    single = _final_state(Path(client.get_run(one["run_id"]).data.tags["run_dir"]))
-    mirrored = _final_state(two_dir)
+    single = final_state(Path(client.get_run(one["run_id"]).data.tags["run_dir"]))
+    mirrored = final_state(two_dir)
     weights = [n for n in single if n.startswith("model/")]
     assert len(weights) >= 4
     for name in weights:
