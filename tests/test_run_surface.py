@@ -45,6 +45,7 @@ def test_run_speaks_first_and_says_where_to_look(tmp_path, store):
     # The run page's description is the summary printed at the end.
     note = mlrun.data.tags["mlflow.note.content"]
     assert "peak" in note and url in note and note in result.stdout
+    assert "ms p50 (p10-p90 " in note  # how steady the timed steps were
     # The CPU's model and cores, not "/CPU:0": figures compare only within one device.
     name = mlrun.data.tags["device_name"]
     assert name.startswith("CPU ") and name != "CPU unknown" and "core" in name

@@ -21,6 +21,7 @@ CONTRACT = [
     "mem/estimate_bytes",
     "mem/measured_over_estimate",
     "speed/compile_s",
+    "speed/step_time_s_p10",
     "speed/step_time_s_p50",
     "speed/step_time_s_p90",
     "speed/samples_per_s",
@@ -77,6 +78,9 @@ def test_speed_figures_from_step_times():
     )
     assert figures["speed/compile_s"] == pytest.approx(2.5)
     assert figures["speed/step_time_s_p50"] == pytest.approx(0.10)
+    # numpy's linear percentiles of the steady steps 0.10, 0.20, 0.10
+    assert figures["speed/step_time_s_p10"] == pytest.approx(0.10)
+    assert figures["speed/step_time_s_p90"] == pytest.approx(0.18)
     assert figures["speed/samples_per_s"] == pytest.approx(3 * 8 / 0.4)
     assert figures["speed/tokens_per_s"] == pytest.approx(3 * 128 / 0.4)
     assert figures["speed/input_wait_frac"] == pytest.approx(0.05 / 0.4)

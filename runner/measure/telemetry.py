@@ -212,6 +212,9 @@ def speed_figures(
 ) -> dict[str, float]:
     """Step-time percentiles and throughput over the steady steps (all but the first).
 
+    p10 and p90 beside the median say how steady the run was: a wide gap means the machine's
+    load moved during it (a shared CPU), and a single run's median is then less to go on.
+
     The first step traces and compiles the tf.function (and XLA); it is reported on its
     own as speed/compile_s. With a single step, that step is all there is to report.
     """
@@ -220,6 +223,7 @@ def speed_figures(
     steady_wait = np.asarray(wait_s[1:] if len(total) > 1 else wait_s)
     figures = {
         "speed/compile_s": float(total[0]),
+        "speed/step_time_s_p10": float(np.percentile(steady, 10)),
         "speed/step_time_s_p50": float(np.percentile(steady, 50)),
         "speed/step_time_s_p90": float(np.percentile(steady, 90)),
         "speed/samples_per_s": samples_per_step * len(steady) / float(steady.sum()),

@@ -32,6 +32,12 @@ def _estimate(figures: dict) -> str:
     return f"estimate {figures['mem/estimate_bytes'] / 2**20:.1f} MiB"
 
 
+def _steady(figures: dict) -> str:
+    """The timed steps' p10-p90 and their width against the median: how steady the run was."""
+    p10, p50, p90 = (figures[f"speed/step_time_s_p{q}"] for q in (10, 50, 90))
+    return f"{p10 * 1e3:.1f}-{p90 * 1e3:.1f} ms, +-{50 * (p90 - p10) / p50:.0f}%"
+
+
 def summary(cfg, tracker, outcome: Outcome) -> str:
     """The end-of-run summary: printed, and the run's description in the MLflow UI."""
     history, figures, sources = outcome.history, outcome.figures, outcome.sources
@@ -55,7 +61,8 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
         f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB ({_estimate(figures)}; "
         f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"
         f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
-        f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50   "
+        f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50 "
+        f"(p10-p90 {_steady(figures)})   "
         f"{figures['speed/samples_per_s']:.1f} samples/s   compile "
         f"{figures['speed/compile_s']:.1f} s"
     )
