@@ -238,6 +238,10 @@ class SweepConfig:
     # A sweep directory (or `latest`) to launch again: finished jobs are skipped, stopped ones
     # go on from their checkpoints, failed ones run again (runner/sweep/resume.py).
     resume: str | None = None
+    # Each job run this many times, each in a fresh process, interleaved (A B A B): the
+    # comparison then gives each ratio an interval (runner/sweep/repeats.py, docs/sweeps.md).
+    repeats: int = 1
+    repeat: int = 0  # which of them this is: set by the sweep for each run, not by hand
 
 
 @dataclass

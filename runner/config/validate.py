@@ -82,12 +82,8 @@ def _validate_model(cfg: DictConfig) -> None:
     elif name == "transformer":
         for key in ("model.h", "model.layers", "model.heads"):
             _check_min(cfg, key, 1)
-        _require(
-            cfg.model.h % cfg.model.heads == 0,
-            "model.h",
-            cfg.model.h,
-            f"a multiple of model.heads={cfg.model.heads}",
-        )
+        h, heads = cfg.model.h, cfg.model.heads
+        _require(h % heads == 0, "model.h", h, f"a multiple of model.heads={heads}")
         _require(
             0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
         )
@@ -292,6 +288,13 @@ def validate(cfg: DictConfig) -> None:
     _validate_trainer(cfg)
     _check_min(cfg, "profile.steps", 1)
     _check_min(cfg, "profile.repeats", 1)
-    for key in cfg.sweep.varies:  # a misspelt group would leave its differences marked unlike
+    _validate_sweep(cfg)
+
+
+def _validate_sweep(cfg: DictConfig) -> None:
+    s = cfg.sweep  # repeats: an int (the schema says so), each in a fresh process
+    _require(s.repeats >= 1, "sweep.repeats", s.repeats, "an integer >= 1")
+    _require(s.isolate or s.repeats == 1, "sweep.isolate", False, "true with sweep.repeats > 1")
+    for key in s.varies:  # a misspelt group would leave its differences marked unlike
         known = OmegaConf.select(cfg, key, default=ConfigError) is not ConfigError
         _require(known, "sweep.varies", key, "a list of config groups or keys, e.g. [model]")

@@ -25,6 +25,7 @@ from runner.core.errors import BusyError
 from runner.core.lock import FolderLock
 from runner.core.secrets import redact, redact_logs, scrub_files
 from runner.report.sweep_plots import report_files
+from runner.sweep import repeats
 from runner.sweep.state import PARENT_ENV, read_sweep_file, resume_command, write_sweep_file
 from runner.track import compare
 from runner.track.client import client_for, experiment_id, ui_hint
@@ -65,6 +66,7 @@ class SweepCallback(Callback):
             self.lock.__enter__()
         except BusyError as err:
             raise SystemExit(f"error: {err}") from None
+        repeats.order_repeats(config)  # sweep.repeats: A B A B (runner/sweep/repeats.py)
         client = client_for(uri)
         if config.sweep.resume:  # the same parent run, reopened (runner/sweep/resume.py)
             parent_id = read_sweep_file(sweep_dir)["parent_run_id"]
@@ -79,6 +81,7 @@ class SweepCallback(Callback):
             if "stopped" in parent.data.tags:  # by a signal, the last time
                 client.delete_tag(parent_id, "stopped")
             client.set_tag(parent_id, "resumed", time.strftime("%Y-%m-%d %H:%M:%S"))
+            repeats.mark_stopped(client, sweep_dir, "RUNNING")
             os.environ[PARENT_ENV] = parent_id
             print(f"tfmemlab: resuming sweep {parent_id} in {sweep_dir} -> {shown}", flush=True)
             return
@@ -96,6 +99,8 @@ class SweepCallback(Callback):
             list(config.hydra.overrides.task),
             list(config.hydra.overrides.hydra),
         )
+        if config.sweep.repeats > 1:
+            repeats.create_job_runs(client, experiment, parent.info.run_id, sweep_dir, config)
         print(
             f"tfmemlab: sweep {parent.info.run_id} -> {shown}, experiment "
             f"'{config.mlflow.experiment}'"
@@ -113,9 +118,10 @@ class SweepCallback(Callback):
         if parent_id is None:
             return
         client = client_for(config.mlflow.tracking_uri)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        repeats.aggregate(client, sweep_dir)  # each job's run: its repeats' medians
         runs, rows = comparison(client, parent_id, config.sweep)
         name_runs(client, runs, rows)
-        sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             for path in report_files(rows, Path(tmp)):
@@ -151,6 +157,7 @@ def stop(uri: str, signum: int) -> None:
         name = signal.Signals(signum).name
         client.set_tag(parent_id, "stopped", f"{name} during job {job_num}")
         client.set_terminated(parent_id, status="KILLED")
+        repeats.mark_stopped(client, sweep_dir, "KILLED")
     print(
         f"tfmemlab: sweep stopped by {signal.Signals(signum).name} during job {job_num}; go on "
         f"with: {resume_command(sweep_dir)}",

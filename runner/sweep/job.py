@@ -17,8 +17,18 @@ from omegaconf import DictConfig
 
 from runner.core.errors import BusyError
 from runner.sweep.callback import stop
+from runner.sweep.repeats import KEY as REPEAT_KEY
+from runner.sweep.repeats import job_of
 from runner.sweep.resume import JobPlan, plan_job
-from runner.sweep.state import JOB_ENV, KEY, PARENT_ENV, SWEEP_PID_ENV, sweep_of_job
+from runner.sweep.state import (
+    JOB_ENV,
+    JOB_RUN_ENV,
+    KEY,
+    PARENT_ENV,
+    REPEAT_ENV,
+    SWEEP_PID_ENV,
+    sweep_of_job,
+)
 
 RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 
@@ -35,7 +45,13 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     """
     hydra_cfg = HydraConfig.get()
     task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
-    name = cfg.mlflow.run_name or " ".join(task) or "default"
+    env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
+    name = " ".join(o for o in task if not o.startswith(f"{REPEAT_KEY}="))
+    name = cfg.mlflow.run_name or name or "default"
+    if cfg.sweep.repeats > 1:  # a child of its job's run (runner/sweep/repeats.py)
+        env[JOB_RUN_ENV] = job_of(Path(hydra_cfg.runtime.output_dir), hydra_cfg.job.num)["run_id"]
+        env[REPEAT_ENV] = str(cfg.sweep.repeat)
+        name += f" (repeat {cfg.sweep.repeat})"
     # A user's --config-dir (its model YAML, say) joins the child's search path as well.
     user_dirs = [
         s.path.removeprefix("file://")
@@ -54,7 +70,6 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
         f"mlflow.run_name='{name}'",
         *([f"trainer.resume={resume_from}"] if resume_from else []),
     ]
-    env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
     sweep = sweep_of_job()
     if sweep is not None and sweep["tracking_uri"] is not None:  # from sweep.json: a Ray
         env[PARENT_ENV] = sweep["parent_run_id"]  # cluster's worker has not the sweep's env

@@ -22,6 +22,9 @@ KEY = "sweep.resume"
 PARENT_ENV = "TFMEMLAB_PARENT_RUN_ID"  # set by the sweep callback for the jobs of a sweep
 JOB_ENV = "TFMEMLAB_JOB_NUM"  # set for a sweep job run in a fresh process (runner/sweep/job.py)
 SWEEP_PID_ENV = "TFMEMLAB_SWEEP_PID"  # set for a job run in a process of its own
+# Set for a repeat of a job (sweep.repeats > 1, runner/sweep/repeats.py): its job's run, its number.
+JOB_RUN_ENV = "TFMEMLAB_JOB_RUN_ID"
+REPEAT_ENV = "TFMEMLAB_REPEAT"
 
 
 def write_sweep_file(
@@ -89,7 +92,8 @@ def sweep_of_job() -> dict | None:
 
 def sweep_tags() -> dict[str, str]:
     """Tags that make this job's run a child of its sweep's parent run, with its job number;
-    none outside a sweep."""
+    a repeat's run is a child of its job's run instead, tagged `repeat`; none outside a
+    sweep."""
     sweep = sweep_of_job()
     if sweep is None:
         return {}
@@ -101,4 +105,8 @@ def sweep_tags() -> dict[str, str]:
         tags["job_num"] = os.environ[JOB_ENV]
     elif HydraConfig.initialized():
         tags["job_num"] = str(HydraConfig.get().job.num)
+    if os.environ.get(JOB_RUN_ENV):
+        job_run = os.environ[JOB_RUN_ENV]
+        tags.update({"mlflow.parentRunId": job_run, "repeat_of": job_run})
+        tags["repeat"] = os.environ[REPEAT_ENV]
     return tags

@@ -58,14 +58,15 @@ NOT_IN_LABELS += ("mlflow.", "sweep.", "trainer.progress", "trainer.save_model")
 
 def sweep_runs(client: MlflowClient, parent_id: str) -> list[Run]:
     """The jobs of a sweep, in job order: each job's newest run, less runs of a job that a
-    resumed sweep ran again (tag `superseded`)."""
+    resumed sweep ran again (tag `superseded`); with sweep.repeats, each job's own run (its
+    repeats are its children, tagged `repeat_of`)."""
     parent = client.get_run(parent_id)
     runs = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.sweep_id = '{parent_id}'"
     )
     newest = {}
     for run in sorted(runs, key=lambda r: r.info.start_time):
-        if "superseded" not in run.data.tags:
+        if not {"superseded", "repeat_of"} & run.data.tags.keys():
             newest[run.data.tags.get("job_num", run.info.run_id)] = run
     return sorted(newest.values(), key=lambda r: int(r.data.tags.get("job_num", 0)))
 
