@@ -27,7 +27,7 @@ from runner.core.secrets import redact, redact_logs, scrub_files
 from runner.report.sweep_plots import report_files
 from runner.sweep import repeats
 from runner.sweep.state import PARENT_ENV, read_sweep_file, resume_command, write_sweep_file
-from runner.track import compare
+from runner.track import compare, spread
 from runner.track.client import client_for, experiment_id, ui_hint
 
 
@@ -122,6 +122,10 @@ class SweepCallback(Callback):
         repeats.aggregate(client, sweep_dir)  # each job's run: its repeats' medians
         runs, rows = comparison(client, parent_id, config.sweep)
         name_runs(client, runs, rows)
+        for run, row in zip(runs, rows, strict=True):  # a job's run says what its repeats found
+            if "repeats" in run.data.tags:
+                note = spread.job_note(row, compare.RATIOS)
+                client.set_tag(run.info.run_id, "mlflow.note.content", note)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             for path in report_files(rows, Path(tmp)):
@@ -140,7 +144,8 @@ def comparison(client: MlflowClient, parent_id: str, sweep) -> tuple[list[Run], 
     """The sweep's jobs and their comparison rows, divided by its `sweep.baseline`, with the
     groups it compares on purpose (`sweep.varies`) not marked unlike."""
     runs = compare.sweep_runs(client, parent_id)
-    return runs, compare.rows(runs, sweep.baseline, list(sweep.varies))
+    repeats = spread.finished(client, runs)  # each job's repeats (sweep.repeats)
+    return runs, compare.rows(runs, sweep.baseline, list(sweep.varies), repeats)
 
 
 def stop(uri: str, signum: int) -> None:

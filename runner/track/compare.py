@@ -21,6 +21,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from runner.core.text import cell, table
+from runner.track import spread
 from runner.track.client import add_tracking_uri
 from runner.track.labels import differs, labels
 
@@ -58,12 +59,17 @@ def experiment_runs(client: MlflowClient, name: str) -> list[Run]:
     if experiment is None:
         raise SystemExit(f"error: --experiment={name}: no such experiment")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    return [r for r in runs if r.data.tags.get("sweep") != "parent"]
+    # A sweep's parent is no job; a repeat counts in its job's run (runner/track/spread.py).
+    return [
+        r for r in runs if r.data.tags.get("sweep") != "parent" and "repeat_of" not in r.data.tags
+    ]
 
 
-def rows(runs: list[Run], baseline: str | None = None, varies=()) -> list[dict]:
+def rows(runs: list[Run], baseline: str | None = None, varies=(), repeats=None) -> list[dict]:
     """One row per run: its label, status, what differs from the baseline, figures, estimate
-    parts and ratios to the baseline run.
+    parts and ratios to the baseline run, each ratio with its interval over the jobs'
+    repeats (runner/track/spread.py; `repeats[i]`: run i's finished repeats, by default the
+    run itself).
 
     The baseline is the run with that name (or original name, tag `overrides`) or job number,
     else the first finished run. `varies` names the config groups or keys the runs compare on
@@ -79,6 +85,7 @@ def rows(runs: list[Run], baseline: str | None = None, varies=()) -> list[dict]:
             "job": label,
             "job_num": tags.get("job_num", ""),
             "status": run.info.status,
+            "repeats": None,  # how many runs its figures are the medians of (spread.py)
             "failure": tags.get("failure", ""),
             "differs": " ".join(differs(run.data.params, base_params, varies)),
             # A resumed run's figures cover the steps after its checkpoint (trainer.resume).
@@ -97,7 +104,16 @@ def rows(runs: list[Run], baseline: str | None = None, varies=()) -> list[dict]:
         for column in RATIOS:
             ok = base_row and row[column] is not None and base_row[column]
             row[f"{column}/base"] = row[column] / base_row[column] if ok else None
+    reps = repeats or [[r] if r.info.status == "FINISHED" else [] for r in runs]
+    values = [{c: _values(rs, c) for c in RATIOS} for rs in reps]
+    spread.add_intervals(out, values, runs.index(base) if base else None, RATIOS)
     return out
+
+
+def _values(runs: list[Run], column: str) -> list[float]:
+    """The figure `column` of each run that logged it."""
+    key, scale = next((k, s) for c, k, s in FIGURES if c == column)
+    return [r.data.metrics[key] * scale for r in runs if key in r.data.metrics]
 
 
 def _baseline(runs: list[Run], name: str | None) -> Run | None:
@@ -115,7 +131,8 @@ def columns(out: list[dict], links: bool = False) -> list[str]:
     """The table's columns: everything but the estimate's parts (those go to the CSV) and,
     unless `links`, the models' URIs (in the Markdown, not in the terminal's table)."""
     hidden = {"covers_steps"} | (set() if links else {"model"})
-    return [c for c in out[0] if not c.startswith("est_") and c not in hidden] if out else []
+    shown = [c for c in out[0] if not c.startswith("est_") and c not in hidden] if out else []
+    return [c for c in shown if not c.endswith(spread.HIDDEN)]  # the ratio's cell says them
 
 
 def marked(row: dict) -> str:
@@ -131,6 +148,7 @@ def notes(out: list[dict]) -> list[str]:
         for r in out
         if r.get("covers_steps")
     ]
+    lines += spread.notes(out, RATIOS)
     if not keys:
         return lines
     return [
@@ -146,10 +164,10 @@ def _display(out: list[dict], links: bool = False) -> list[dict]:
     shown = []
     for row in out:
         cells = {c: cell(row[c]) for c in columns(out, links)}
-        if row["differs"]:
-            for column in RATIOS:
-                if row[f"{column}/base"] is not None:
-                    cells[f"{column}/base"] += "*"
+        for column in RATIOS:  # with its interval, if any
+            cells[f"{column}/base"] = spread.ratio_cell(row, column)
+            if row["differs"] and row[f"{column}/base"] is not None:
+                cells[f"{column}/base"] += "*"
         shown.append(cells)
     return shown
 
@@ -211,7 +229,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = experiment_runs(client, args.experiment)
     else:
         runs = [client.get_run(run_id) for run_id in args.run_ids]
-    out = rows(runs, args.baseline, args.varies)
+    out = rows(runs, args.baseline, args.varies, spread.finished(client, runs))
     print(text(out))
     return out
 
