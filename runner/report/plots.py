@@ -30,7 +30,12 @@ def caption(fig: Figure, notes: list[str], fontsize: float = 7) -> None:
     """Lay the figure out with `notes` below it (one line each), or none."""
     if notes:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=fontsize, wrap=True, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 * len(notes) + 0.01 if notes else 0, 1, 1))
+    # The room the notes take, in lines of text as wrapped (about 0.5 em a character), held
+    # in inches: a short figure (a bar chart of two jobs) needs a larger share of its height.
+    per_line = fig.get_figwidth() * 72 / (0.5 * fontsize)
+    lines = sum(1 + len(note) // per_line for note in notes)
+    bottom = lines * fontsize * 1.3 / 72 / fig.get_figheight() + 0.01 if notes else 0
+    fig.tight_layout(rect=(0, min(bottom, 0.5), 1, 1))
 
 
 def annotate(ax, xy: tuple[float, float], text: str, offset: tuple[float, float], **style):

@@ -29,12 +29,26 @@ def pictures(rows: list[dict], out_dir: Path) -> list[Path]:
             continue
         fig = plots.figure(7, 0.4 * len(have) + 1.5)
         ax = fig.subplots()
-        ax.barh([compare.marked(r) for r in have], [r[column] for r in have])
-        ax.set(xlabel=column, title=column)
+        err = _error(have, column)
+        ax.barh([compare.marked(r) for r in have], [r[column] for r in have], xerr=err, capsize=4)
+        ax.set(xlabel=column, title=column + (SPREAD if err is not None else ""))
         ax.invert_yaxis()
         plots.caption(fig, compare.notes(rows))
         paths.append(plots.save(fig, out_dir / f"bar_{column}.png"))
     return paths
+
+
+SPREAD = "\n(median of the repeats; error bars: their p10-p90)"
+
+
+def _error(rows: list[dict], column: str):
+    """Error bars from each job's repeats (p10 to p90 around the median), or None when no
+    job has more than one repeat."""
+    if all(r.get(f"{column}_lo") is None for r in rows):
+        return None
+    below = [r[column] - (r.get(f"{column}_lo") or r[column]) for r in rows]
+    above = [(r.get(f"{column}_hi") or r[column]) - r[column] for r in rows]
+    return [below, above]
 
 
 def pareto(rows: list[dict]):
@@ -60,10 +74,24 @@ def pareto(rows: list[dict]):
             edgecolors=f"C{i % 10}",
             linewidths=1.6,
         )
+        xerr, yerr = _error([r], "peak_MiB"), _error([r], "samples_per_s")
+        if xerr is not None or yerr is not None:  # each job's spread over its repeats
+            ax.errorbar(
+                r["peak_MiB"],
+                r["samples_per_s"],
+                xerr=xerr,
+                yerr=yerr,
+                fmt="none",
+                ecolor=f"C{i % 10}",
+                elinewidth=1,
+                capsize=3,
+            )
+    spread = any(_error([r], "samples_per_s") is not None for r in done)
     ax.set(
         xlabel="peak memory (MiB)",
         ylabel="throughput (samples/s)",
-        title="memory vs throughput: upper left is better (less memory, more samples/s)",
+        title="memory vs throughput: upper left is better (less memory, more samples/s)"
+        + (SPREAD if spread else ""),
     )
     ax.margins(x=0.15, y=0.2)
     ax.grid(alpha=0.3)
