@@ -144,6 +144,12 @@ BAD_INPUT = [
     (["-m", "precision=fp32,mixd"], "precision=mixd", "bf16, fp32, mixed"),
     (["trainer.optimizer=adagrad"], "trainer.optimizer=adagrad", "adam, adamw, sgd"),
     (["sweep.varies=[modle]"], "sweep.varies=modle", "a list of config groups or keys"),
+    (["-m", "sweep.repeats=0"], "sweep.repeats=0", "an integer >= 1"),
+    (
+        ["-m", "sweep.repeats=3", "sweep.isolate=false"],
+        "sweep.isolate=False",
+        "true with sweep.repeats > 1",
+    ),
     (["distribution=parallel"], "distribution=parallel", "mirrored, multi_worker, none"),
     (
         ["distribution=mirrored", "distribution.logical_cpus=1"],
