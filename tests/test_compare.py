@@ -214,3 +214,13 @@ def test_architectures_compares_models_on_purpose_and_nothing_else(store):
     # The terminal's table of the same sweep, told what varies: the sweep's own rows.
     again = compare.main(["--sweep", parent, "--tracking-uri", store, "--varies", "model"])
     assert again == out
+
+
+def test_with_one_run_per_job_the_table_says_there_is_no_interval(study, tmp_path):
+    _, runs = study()
+    out = compare.rows(runs, "0")
+    assert {r["step_s/base_noise"] for r in out} == {"", "no interval"}  # "": the baseline
+    assert all(r["step_s/base_lo"] is None for r in out)
+    markdown = compare.write_markdown(out, tmp_path / "comparison.md").read_text()
+    assert "No intervals: each job ran once (sweep.repeats=1)" in markdown
+    assert "[" not in markdown.split("\n\n")[0] and "within noise" not in markdown

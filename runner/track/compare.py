@@ -141,6 +141,7 @@ def marked(row: dict) -> str:
 
 
 def notes(out: list[dict]) -> list[str]:
+    """The intervals (or why there are none), then unlike jobs and resumed ones."""
     keys = sorted({k for r in out for k in r["differs"].split()})
     lines = [
         f"{r['job']}: resumed from a checkpoint; its figures cover optimizer steps "
@@ -148,15 +149,15 @@ def notes(out: list[dict]) -> list[str]:
         for r in out
         if r.get("covers_steps")
     ]
-    lines += spread.notes(out, RATIOS)
-    if not keys:
-        return lines
-    return [
-        "(*) not like for like: these jobs differ from the baseline in "
-        + ", ".join(keys)
-        + " (column `differs`), so their ratios (/base) mix the technique with that difference.",
-        *lines,
-    ]
+    if keys:
+        lines.insert(
+            0,
+            "(*) not like for like: these jobs differ from the baseline in "
+            + ", ".join(keys)
+            + " (column `differs`), so their ratios (/base) mix the technique with that "
+            "difference.",
+        )
+    return spread.notes(out, RATIOS) + lines
 
 
 def _display(out: list[dict], links: bool = False) -> list[dict]:
