@@ -51,8 +51,12 @@ def test_each_job_is_a_child_of_the_sweep_and_its_repeats_are_its_children(repea
     assert [j.data.tags["job_num"] for j in jobs] == ["0", "1"]  # one row per job
     assert all(j.data.tags["mlflow.parentRunId"] == parent for j in jobs)
     assert [j.data.tags["repeats"] for j in jobs] == ["2", "2"]
+    assert [j.info.run_name for j in jobs] == ["baseline", "trainer.seed=2"]
     for job, runs in zip(jobs, repeats, strict=True):
         assert [r.data.tags["repeat"] for r in runs] == ["0", "1"]
+        assert [r.info.run_name for r in runs] == [
+            f"{job.info.run_name} (repeat {i})" for i in (0, 1)
+        ]
         assert {r.data.tags["mlflow.parentRunId"] for r in runs} == {job.info.run_id}
         assert {r.data.params["trainer.seed"] for r in runs} == {job.data.params["trainer.seed"]}
     listed = json.loads((sweep_dir / JOBS_FILE).read_text())

@@ -126,6 +126,9 @@ class SweepCallback(Callback):
             if "repeats" in run.data.tags:
                 note = spread.job_note(row, compare.RATIOS)
                 client.set_tag(run.info.run_id, "mlflow.note.content", note)
+                for rep in spread.repeats(client, run):  # named after their job, too
+                    name = f"{row['job']} (repeat {rep.data.tags['repeat']})"
+                    client.update_run(rep.info.run_id, name=name)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             for path in report_files(rows, Path(tmp)):
