@@ -49,3 +49,19 @@ def test_the_interval_is_the_percentiles_of_resampled_ratios_of_medians():
 
 def test_spread_is_p10_to_p90():
     assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((1.4, 4.6))
+
+
+def test_paired_rounds_see_a_real_difference_that_load_drift_hides_from_independent_ones():
+    # Each round's load slows both jobs alike (rounds 2 and 4 busy); the job is 1.2-1.3x the
+    # baseline in every round, as `blocks` against `none` measured round by round.
+    base = [0.104, 0.218, 0.110, 0.168, 0.106]
+    job = [b * r for b, r in zip(base, [1.38, 1.28, 1.27, 1.29, 1.20], strict=True)]
+    lo, hi = ratio_interval(job, base, paired=True)
+    assert 1.19 < lo < hi < 1.39  # beyond noise, within the rounds' own ratios
+    apart = ratio_interval(job, base)
+    assert apart[0] < 1 < apart[1]  # resampled apart, the drift swamps it
+
+
+def test_paired_repeats_must_be_rounds_of_both_jobs():
+    with pytest.raises(ValueError, match="unequal"):
+        ratio_interval([0.1, 0.2, 0.3], [0.1, 0.2], paired=True)

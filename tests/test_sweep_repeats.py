@@ -99,7 +99,7 @@ def test_each_ratio_has_its_interval_over_both_jobs_repeats_and_its_mark(repeate
     markdown = (sweep_dir / "comparison.md").read_text()
     for column, key in KEYS.items():
         values = [[r.data.metrics[key] for r in runs] for runs in repeats]
-        lo, hi = ratio_interval(values[1], values[0])
+        lo, hi = ratio_interval(values[1], values[0], paired=True)  # round by round
         assert lo < hi  # from both repeats of each job, not one
         assert float(job[f"{column}/base_lo"]) == pytest.approx(lo)
         assert float(job[f"{column}/base_hi"]) == pytest.approx(hi)

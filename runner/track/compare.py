@@ -110,10 +110,14 @@ def rows(runs: list[Run], baseline: str | None = None, varies=(), repeats=None) 
     return out
 
 
-def _values(runs: list[Run], column: str) -> list[float]:
-    """The figure `column` of each run that logged it."""
+def _values(runs: list[Run], column: str) -> dict[int, float]:
+    """The figure `column` of each run that logged it, by round (its `repeat` tag)."""
     key, scale = next((k, s) for c, k, s in FIGURES if c == column)
-    return [r.data.metrics[key] * scale for r in runs if key in r.data.metrics]
+    return {
+        int(r.data.tags.get("repeat", i)): r.data.metrics[key] * scale
+        for i, r in enumerate(runs)
+        if key in r.data.metrics
+    }
 
 
 def _baseline(runs: list[Run], name: str | None) -> Run | None:

@@ -35,20 +35,32 @@ def add_intervals(out: list[dict], values: list[dict], base: int | None, ratios)
     """Beside each ratio to the baseline (column `<c>/base`, a ratio of medians), its 95%
     bootstrap interval (`<c>/base_lo`, `_hi`) and verdict (`<c>/base_noise`: within noise,
     beyond noise, or no interval), and the job's own spread over its repeats (`<c>_lo`, `_hi`:
-    p10 and p90). `values[i][c]` are row i's repeats' values of figure c."""
+    p10 and p90). `values[i][c]` maps row i's rounds (repeat numbers) to its repeats' values
+    of figure c."""
     for i, row in enumerate(out):
         row["repeats"] = max((len(v) for v in values[i].values()), default=0)
         for c in ratios:
-            have = values[i].get(c, [])
-            row[f"{c}_lo"], row[f"{c}_hi"] = spread(have) if len(have) > 1 else (None, None)
+            have = values[i].get(c, {})
+            row[f"{c}_lo"], row[f"{c}_hi"] = (
+                spread(list(have.values())) if len(have) > 1 else (None, None)
+            )
             interval = None
             if base is not None and i != base and row[f"{c}/base"] is not None:
-                interval = ratio_interval(have, values[base].get(c, []))
+                interval = _interval(have, values[base].get(c, {}))
             row[f"{c}/base_lo"], row[f"{c}/base_hi"] = interval or (None, None)
             noise = within_noise(interval)
             row[f"{c}/base_noise"] = {True: NOISE, False: BEYOND, None: ""}[noise]
             if noise is None and i != base and row[f"{c}/base"] is not None:
                 row[f"{c}/base_noise"] = NONE
+
+
+def _interval(job: dict, base: dict) -> tuple[float, float] | None:
+    """Paired over the rounds both jobs finished, when there are two or more (bootstrap.py);
+    else each job's repeats resampled on their own."""
+    rounds = sorted(job.keys() & base.keys())
+    if len(rounds) >= 2:
+        return ratio_interval([job[r] for r in rounds], [base[r] for r in rounds], paired=True)
+    return ratio_interval(list(job.values()), list(base.values()))
 
 
 NOISE, BEYOND, NONE = "within noise", "beyond noise", "no interval"
@@ -78,9 +90,9 @@ def notes(out: list[dict], ratios) -> list[str]:
     counts = sorted({row["repeats"] for row in out if row["repeats"]})
     lines = [
         f"[lo, hi]: the ratio's 95% bootstrap interval over the jobs' repeats ("
-        f"{'/'.join(map(str, counts))} each; each job's repeats resampled on their own, ratio "
-        f"of medians); '{NOISE}': it holds 1, so the repeats cannot tell that figure from "
-        "the baseline's."
+        f"{'/'.join(map(str, counts))} each; the rounds resampled, each round's runs of the two "
+        f"jobs kept together; ratio of medians); '{NOISE}': it holds 1, so the repeats cannot "
+        "tell that figure from the baseline's."
     ]
     widths = [
         (row["peak_MiB_hi"] - row["peak_MiB_lo"]) / row["peak_MiB"]
