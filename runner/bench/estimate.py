@@ -105,9 +105,15 @@ def run_draw(knobs: dict, extra: list[str]) -> dict:
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
 
 
-def drawn(jobs: list[dict], seed: int, extra: list[str]) -> list[dict]:
+def drawn(
+    jobs: list[dict], seed: int, extra: list[str], budget: draws.Budget = draws.BUDGET
+) -> list[dict]:
     """Each drawn job run and printed as it ends, then the table and the distribution."""
-    print(f"seed {seed}: {len(jobs)} draws (budget {draws.BUDGET})", flush=True)
+    print(
+        f"seed {seed}: {len(jobs)} draws within {budget.gflops} GFLOP an optimizer step and "
+        f"{budget.mib:.0f} MiB held (roughly)",
+        flush=True,
+    )
     rows = []
     for i, knobs in enumerate(jobs):
         start = time.monotonic()
