@@ -43,12 +43,12 @@ MLP_KEPT = 9 + EXTRA_PER_LAYER
 
 def layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float, block=None) -> int:
     """Activations a transformer layer keeps for backward under XLA on a CPU; with a chunked
-    core (block), its float32 logsumexp (asb) in place of the as^2b terms."""
+    core (block), what it keeps (runner/measure/chunked.py) in place of the as^2b terms."""
     sbh, ass = s * b * h, a * s * s * b
     if block:
         return (
             (16 + EXTRA_PER_LAYER) * sbh * p
-            + chunked.kept(s, b, a)
+            + chunked.kept(s, b, a, h, xla=True)
             + (2 * sbh * 4 if dropout > 0 else 0)
         )
     total = (16 + EXTRA_PER_LAYER) * sbh * p + ass * p
