@@ -62,7 +62,7 @@ def main(extra: list[str], cells: list[tuple] = CELLS) -> dict[tuple, float]:
 
         return unseen.main(extra[1:])
     if extra[:1] == ["--draws"]:
-        n, seed, rest = _draw_args(extra)
+        n, seed, rest = draw_args(extra)
         return drawn(draws.draws(n, seed), seed, rest)
     results = run_jobs({" ".join(cell): job(cell) for cell in cells}, extra)
     measured = zip(cells, results.values(), strict=True)
@@ -82,7 +82,7 @@ def main(extra: list[str], cells: list[tuple] = CELLS) -> dict[tuple, float]:
     return ratios
 
 
-def _draw_args(extra: list[str]) -> tuple[int, int, list[str]]:
+def draw_args(extra: list[str]) -> tuple[int, int, list[str]]:
     """(N, seed, the other overrides) of `--draws N [--seed S] ...`; no seed: one at random."""
     usage = "usage: python -m runner.bench estimate --draws N [--seed S] [overrides...]"
     try:
