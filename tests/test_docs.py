@@ -201,6 +201,8 @@ def check_module(name: str, argv: list[str]) -> None:
             return
         if argv[0] == "estimate" and extra[:1] == ["--unseen"]:  # then run.py's overrides
             extra = extra[1:]
+        if argv[0] == "estimate" and extra[:1] == ["--draws"]:  # N [--seed S], then overrides
+            _, _, extra = importlib.import_module("runner.bench.estimate").draw_args(extra)
         if argv[0] == "checkpointing":  # --only NAME picks some of its groups
             _, extra = importlib.import_module("runner.bench.checkpointing")._only(extra)
         check_overrides(extra)

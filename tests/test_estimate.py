@@ -76,9 +76,11 @@ def test_optimizer_slots(optimizer, slots):
 def test_loss_scale_optimizer_counts_inner_slots():
     model, opt, cfg, spec = built("transformer", "precision=mixed")
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
-    slots = estimate.estimate_memory(model, opt, cfg, spec)["optimizer"]
-    extra = slots - 2 * trainable_bytes(model)
+    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    extra = parts["optimizer"] - 2 * trainable_bytes(model)
     assert 0 <= extra <= SCALAR_BYTES
+    # The scaled gradients and their quotients by the scale, both alive before the update.
+    assert parts["gradients"] == 2 * trainable_bytes(model)
 
 
 @pytest.mark.parametrize("accum, copies", [(1, 0), (4, 1)])

@@ -80,6 +80,10 @@ def test_bad_plan_input_is_one_line_from_a_real_process():
         (["plan.margin=1.5"], "error: plan.margin=1.5: not allowed; expected a number in [0, 1)"),
         (["accum=0"], "error: accum=0: not allowed; expected an integer >= 1, or auto"),
         (["accum=many"], "error: accum=many: not allowed; expected an integer >= 1, or auto"),
+        (
+            ["plan.attention=[standard,flash]"],
+            "error: plan.attention=flash: not allowed; expected a list of standard, chunked",
+        ),
         ([], "error: plan.budget=null: on a CPU give the memory budget, e.g. plan.budget=8GiB"),
     ],
 )
@@ -205,6 +209,20 @@ def test_a_budget_below_the_fixed_part_is_one_line_without_probing(tmp_path):
     )
     assert "params " in line and "optimizer " in line and "trainer.optimizer=sgd" in line
     assert "probing" not in result.stdout and "MLflow: run" not in result.stdout
+
+
+def test_a_transformers_plan_has_a_row_per_attention_kind_and_chunked_fits_more(capsys):
+    """plan.attention=[standard,chunked]: at 512 tokens the chunked core keeps O(s) where the
+    standard one keeps a*s^2*b, so its largest micro-batch is larger; its command names it."""
+    overrides = [*MEMORY_BOUND, "data.seq_len=512", "model.attention_block=64"]
+    one = ["plan.precisions=[fp32]", "plan.policies=[none]", "plan.attention=[standard,chunked]"]
+    budget = ["trainer.effective_batch_size=64", "plan.budget=64MiB"]
+    stdout = _plan_here([*overrides, *one, *budget], capsys)
+    rows = {r["attention"]: r for r in _rows(stdout)}
+    assert set(rows) == {"standard", "chunked"}
+    standard, chunked = (int(rows[k]["micro_batch"]) for k in ("standard", "chunked"))
+    assert chunked > standard, rows
+    assert "model.attention=chunked" in stdout.splitlines()[0], stdout
 
 
 @pytest.mark.slow

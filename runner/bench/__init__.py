@@ -4,6 +4,7 @@
     python -m runner.bench memory            # peak vs batch size and width, measured vs estimate
     python -m runner.bench estimate          # the estimate over its calibration matrix (18 cells)
     python -m runner.bench estimate --unseen # ... on functional models it was not written for
+    python -m runner.bench estimate --draws N [--seed S]  # ... on N jobs drawn at random
     python -m runner.bench precision_accum   # fp32/mixed/bf16 x accum 1/4, transformer and CNN
     python -m runner.bench checkpointing     # checkpointing policies, bf16 attention vs baseline
     python -m runner.bench gpu_check         # transformer fp32 vs mixed vs bf16 on a GPU

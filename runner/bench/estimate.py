@@ -3,14 +3,17 @@ precision x dropout x checkpointing policy (issue 15's band, 0.85-1.15), one pro
 
     python -m runner.bench estimate [overrides...]
     python -m runner.bench estimate --unseen [overrides...]   # models it was never written for
+    python -m runner.bench estimate --draws N [--seed S] [overrides...]  # jobs drawn at random
 
 The suite runs a pairwise subset of these cells (PAIRWISE: every pair of values of any two
 factors appears once); this benchmark runs all of them.
 """
 
 import itertools
+import random
+import time
 
-from runner.bench import run_jobs, table
+from runner.bench import draws, mib, run_jobs, table
 
 # At these sizes the attention core dominates, so the rules for it are what is checked.
 SIZES = [
@@ -58,6 +61,9 @@ def main(extra: list[str], cells: list[tuple] = CELLS) -> dict[tuple, float]:
         from runner.bench import unseen
 
         return unseen.main(extra[1:])
+    if extra[:1] == ["--draws"]:
+        n, seed, rest = draw_args(extra)
+        return drawn(draws.draws(n, seed), seed, rest)
     results = run_jobs({" ".join(cell): job(cell) for cell in cells}, extra)
     measured = zip(cells, results.values(), strict=True)
     ratios = {cell: r["mem/measured_over_estimate"] for cell, r in measured}
@@ -74,3 +80,54 @@ def main(extra: list[str], cells: list[tuple] = CELLS) -> dict[tuple, float]:
         + ("ok" if not outside else f"MISSED in {len(outside)}: {outside}")
     )
     return ratios
+
+
+def draw_args(extra: list[str]) -> tuple[int, int, list[str]]:
+    """(N, seed, the other overrides) of `--draws N [--seed S] ...`; no seed: one at random."""
+    usage = "usage: python -m runner.bench estimate --draws N [--seed S] [overrides...]"
+    try:
+        n, rest = int(extra[1]), extra[2:]
+        seed = random.SystemRandom().randrange(10**6)
+        if rest[:1] == ["--seed"]:
+            seed, rest = int(rest[1]), rest[2:]
+    except (IndexError, ValueError):
+        raise SystemExit(usage) from None
+    if n < 1:
+        raise SystemExit(f"--draws {n}: expected a number of draws >= 1")
+    return n, seed, rest
+
+
+def run_draw(knobs: dict, extra: list[str]) -> dict:
+    """One draw's run(cfg) in a fresh process: its logged figures, or {"error": why}."""
+    try:
+        return run_jobs({draws.describe(knobs): draws.overrides(knobs)}, extra).popitem()[1]
+    except Exception as error:  # a draw that fails is reported, not a crash of the sweep
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
+
+
+def drawn(
+    jobs: list[dict], seed: int, extra: list[str], budget: draws.Budget = draws.BUDGET
+) -> list[dict]:
+    """Each drawn job run and printed as it ends, then the table and the distribution."""
+    print(
+        f"seed {seed}: {len(jobs)} draws within {budget.gflops} GFLOP an optimizer step and "
+        f"{budget.mib:.0f} MiB held (roughly)",
+        flush=True,
+    )
+    rows = []
+    for i, knobs in enumerate(jobs):
+        start = time.monotonic()
+        result = run_draw(knobs, extra)
+        ratio, said = draws.verdict(result, BAND)
+        rows.append(
+            {"draw": i, "job": draws.describe(knobs),
+             "peak_MiB": mib(result["mem/peak_bytes"]) if "mem/peak_bytes" in result else None,
+             "estimate_MiB": mib(result["mem/estimate_bytes"]) if ratio else None,
+             "measured/estimate": ratio, "verdict": said,
+             "seconds": round(time.monotonic() - start)}
+        )  # fmt: skip
+        print(" | ".join(str(v) for v in rows[-1].values()), flush=True)
+    print(table(rows, list(rows[0])))
+    ratios = [r["measured/estimate"] for r in rows if r["measured/estimate"] is not None]
+    print(f"seed {seed}: " + draws.distribution(ratios, BAND))
+    return rows

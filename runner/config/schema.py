@@ -253,6 +253,7 @@ class PlanConfig:
     measure: bool = False  # runner.plan: confirm each row that fits with a short probe
     precisions: list[str] = field(default_factory=lambda: ["fp32", "mixed", "bf16"])
     policies: list[str] = field(default_factory=lambda: ["none", "selective", "blocks", "sqrt"])
+    attention: list[str] = field(default_factory=lambda: ["standard"])  # the transformer's kinds
 
 
 @dataclass

@@ -228,7 +228,8 @@ def _validate_accum_and_plan(cfg: DictConfig) -> None:
     ok = accum == "auto" or (isinstance(accum, int) and not isinstance(accum, bool) and accum >= 1)
     _require(ok, "accum", accum, "an integer >= 1, or auto")
     _check_min(cfg, "trainer.effective_batch_size", 1, optional=True)
-    for key, allowed in (("precisions", PRECISION_NAMES), ("policies", CHECKPOINTING_POLICIES)):
+    lists = (("precisions", PRECISION_NAMES), ("policies", CHECKPOINTING_POLICIES))
+    for key, allowed in (*lists, ("attention", ATTENTION_KINDS)):
         for value in cfg.plan[key]:
             _require(value in allowed, f"plan.{key}", value, f"a list of {', '.join(allowed)}")
     margin = cfg.plan.margin

@@ -9,10 +9,11 @@ framework adds or fuses.
 
 import math
 
+import keras
 import tensorflow as tf
 
 from models.common import is_graph
-from runner.measure import backward, xla_memory
+from runner.measure import backward, chunked, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo, segment_length
 
@@ -23,18 +24,19 @@ NOT_MODELLED = (
     "activations not modelled: a subclassed model's layers cannot be read as a graph, so the "
     "estimate has only params, gradients, optimizer, accumulation and masks (no total)"
 )
-NOT_MODELLED_CHUNKED = (
-    "activations not modelled: model.attention=chunked keeps O(s) per layer where the "
-    "transformer's rules count standard attention's s^2 terms, so the estimate has only params, "
-    "gradients, optimizer, accumulation and masks (no total)"
-)
 
 
 def not_modelled(cfg, model) -> str | None:
     """Why the estimate has no activations part for this job (None: it has one)."""
-    if cfg.model.name == "transformer" and cfg.model.get("attention", "standard") == "chunked":
-        return NOT_MODELLED_CHUNKED
     return None if is_graph(model) else NOT_MODELLED
+
+
+def attention_block(cfg, spec) -> int | None:
+    """Keys per block of a chunked attention core (never more than the sequence), or None for
+    the standard core (models/chunked_attention.py)."""
+    if cfg.model.name != "transformer" or cfg.model.get("attention", "standard") != "chunked":
+        return None
+    return min(cfg.model.attention_block, spec.seq_len)
 
 
 def is_cpu_xla(jit: bool, device_name: str) -> bool:
@@ -68,7 +70,9 @@ def _activation_bytes(cfg, cpu_xla: bool) -> int:
     return CPU_XLA_BYTES[policy] if cpu_xla else ACTIVATION_BYTES[policy]
 
 
-def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float) -> int:
+def transformer_layer_bytes(
+    s: int, b: int, h: int, a: int, p: int, dropout: float, block: int | None = None
+) -> int:
     """Activations one transformer layer keeps for backward (Korthikanti et al. 2022, Sec. 4.1).
 
     The paper's 34sbh + 5as^2b bytes (16-bit activations, 1-byte dropout masks) decomposed into
@@ -81,23 +85,30 @@ def transformer_layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: flo
       2 LNs:     their inputs 2sbh
     => 16sbh + as^2b elements, plus (dropout > 0) 2sbh + as^2b mask bytes and as^2b elements;
     at p = 2 with dropout this is exactly 34sbh + 5as^2b. models/transformer.py's block keeps
-    exactly these (its layers are memory-limited: models/memory_limited.py).
+    exactly these (its layers are memory-limited: models/memory_limited.py). A chunked core
+    (block: its keys per block) keeps a float32 logsumexp in place of the as^2b terms.
     """
     sbh = s * b * h
-    total = 16 * sbh * p + attention_core_bytes(s, b, a, p, dropout)
+    total = 16 * sbh * p + attention_core_bytes(s, b, a, p, dropout, block)
     if dropout > 0:
         total += 2 * sbh
     return total
 
 
-def attention_core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
+def attention_core_bytes(
+    s: int, b: int, a: int, p: int, dropout: float, block: int | None = None
+) -> int:
     """What the attention core keeps beyond its inputs: the softmax output as^2b elements,
-    and with dropout its 1-byte mask and its output; checkpointing=selective recomputes it."""
+    and with dropout its 1-byte mask and its output; checkpointing=selective recomputes it.
+    A chunked core (block) keeps its float32 logsumexp, asb elements, and no mask (its
+    backward draws the masks again from their seeds: models/chunked_attention.py)."""
+    if block:
+        return chunked.kept(s, b, a)
     ass = a * s * s * b
     return ass * p + ((ass + ass * p) if dropout > 0 else 0)
 
 
-def _transformer_workspace(s, b, h, a, p, dropout) -> int:
+def _transformer_workspace(s, b, h, a, p, dropout, block=None) -> int:
     """Bytes alive beside the kept activations at the peak without XLA: the larger of two
     transients, both **fitted** to measured BFC peaks (this CPU, 4 runs of 18 jobs at
     s=256, b=8, h=32, 4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective;
@@ -110,6 +121,10 @@ def _transformer_workspace(s, b, h, a, p, dropout) -> int:
     the executor, the same job's peak moved by up to 25% from one run to the next.
     """
     sbh, ass = s * b * h, a * s * s * b
+    if block:
+        return max(
+            chunked.workspace(s, b, h, a, p, dropout, block), 16 * sbh * (3.5 if p == 2 else 1)
+        )
     if p == 4:
         per_score = 3.6 if dropout > 0 else 3.2
     else:
@@ -121,9 +136,9 @@ def _transformer_workspace(s, b, h, a, p, dropout) -> int:
 def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
     """(activations kept for backward, workspace; see _transformer_workspace), without XLA."""
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
-    policy = cfg.checkpointing.policy
-    layer = transformer_layer_bytes(s, b, m.h, m.heads, p, m.dropout)
-    if policy == "none":
+    policy, block = cfg.checkpointing.policy, attention_block(cfg, spec)
+    layer = transformer_layer_bytes(s, b, m.h, m.heads, p, m.dropout, block)
+    if policy == "none" or (policy == "selective" and block):  # a chunked core is not rebuilt
         body = m.layers * layer
     elif policy == "selective":
         # Each layer keeps all but its attention core, rebuilt one layer at a time.
@@ -139,8 +154,23 @@ def _transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
     # Head: the float32 gradient the cross-entropy computes with its loss and keeps (measured:
     # 1.00x the logits; the logits themselves are not kept).
     head = b * (s if spec.per_token else 1) * spec.num_classes * 4
-    workspace = _transformer_workspace(s, b, m.h, m.heads, p, m.dropout)
+    workspace = _transformer_workspace(s, b, m.h, m.heads, p, m.dropout, block)
     return body + edges + head, workspace
+
+
+def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
+    """Float32 gradients alive at the peak (under XLA: xla_memory's rule). A loss-scaled step
+    holds two copies: Keras's LossScaleOptimizer checks the scaled gradients, then divides
+    each by the scale (keras/src/optimizers/loss_scale_optimizer.py) and applies the
+    quotients, so both are alive before the update. Measured under XLA on a CPU: 1.5-2.0 of
+    all gradients (runner/measure/xla_memory.py); a transformer drawn at random (1 layer,
+    h=144, vocabulary 2101, micro-batch 1, gradients 3.3 MiB) peaked 2.2 MiB above an
+    estimate with one copy."""
+    if transformer_xla:
+        nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy)
+    else:
+        nbytes = _float32_bytes(trainable)
+    return 2 * nbytes if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else nbytes
 
 
 # Micro-batches of input the runner's pipeline (runner/train/data.py: map -> batch ->
@@ -164,8 +194,8 @@ def estimate_memory(
     model, optimizer, cfg, spec, cpu_xla: bool = False, remat: RematInfo | None = None
 ) -> dict[str, int]:
     """Bytes of each part training keeps at its peak, and their sum under "total". For a
-    subclassed model (not a graph) and for chunked attention, activations and workspace are not
-    modelled: they are left out and "total" is None (`not_modelled` says why).
+    subclassed model (not a graph), activations and workspace are not modelled: they are left
+    out and "total" is None (`not_modelled` says why).
 
     model: the model before checkpointing wrapped it; remat: what checkpointing.apply did.
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
@@ -177,10 +207,12 @@ def estimate_memory(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
-    if not_modelled(cfg, model):  # a subclassed model's insides, or chunked attention
+    if not_modelled(cfg, model):  # a subclassed model's insides
         activations, workspace = None, None
     elif transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
-        activations, workspace = xla_memory.transformer_activations(cfg, spec, p)
+        activations, workspace = xla_memory.transformer_activations(
+            cfg, spec, p, attention_block(cfg, spec)
+        )
     elif cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
     else:
@@ -191,11 +223,7 @@ def estimate_memory(
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     parts = {
         "params": _nbytes(model.weights),
-        "gradients": (
-            xla_memory.gradient_bytes(trainable, cfg.precision.policy)
-            if transformer_xla
-            else _float32_bytes(trainable)
-        ),
+        "gradients": _gradient_bytes(trainable, optimizer, cfg, transformer_xla),
         # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
         # whose variables include the inner optimizer's) is counted as it is.
         "optimizer": _nbytes(optimizer.variables),

@@ -43,7 +43,12 @@ NORMS = {"BatchNormalization", "LayerNormalization"}
 # math_grad.py). Measured, a chain of Activation("gelu") on 16x16x16x64: 13.0 bytes per
 # element in float32, 7.0 in bfloat16 (3.25 and 3.5 tensors; the rest is the erfc gradient's
 # square, which the executor computes ahead of the backward).
-OWN_KEPT = {"Activation:gelu": 3}
+# keras.activations.hard_silu (MobileNetV3's hard-swish) is x * (relu6(x + 3) / 6) in three ops
+# (keras/src/backend/tensorflow/nn.py): the product's gradient reads x and relu6(x + 3) / 6, the
+# division's reads relu6(x + 3), Relu6's its output; so beside x it keeps two tensors.
+# Measured, a chain of Activation("hard_swish") on 8x16x16x64: 12.0 bytes per element in
+# float32, 6.0 in float16, 5.5 in bfloat16 (3, 3 and 2.75 tensors; the old rule kept x only).
+OWN_KEPT = {"Activation:gelu": 3, "Activation:hard_silu": 2, "Activation:hard_swish": 2}
 # Float32 tensors of its input's size a norm's backward computes beside its output gradient:
 # Keras's BatchNormalization and LayerNormalization are composite ops (moments, then
 # x * inv + res), whose gradients broadcast the mean's and the variance's gradients back

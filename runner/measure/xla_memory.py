@@ -29,6 +29,7 @@ keeps. CNNs under XLA (not the default on a CPU) are not fitted.
 
 import math
 
+from runner.measure import chunked
 from runner.techniques.checkpointing import segment_length
 
 EXTRA_PER_LAYER = 4  # sbh elements a layer keeps beyond the paper's 16sbh
@@ -40,9 +41,16 @@ SCORE_GRADIENTS = 1.14
 MLP_KEPT = 9 + EXTRA_PER_LAYER
 
 
-def layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float) -> int:
-    """Activations a transformer layer keeps for backward under XLA on a CPU."""
+def layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float, block=None) -> int:
+    """Activations a transformer layer keeps for backward under XLA on a CPU; with a chunked
+    core (block), what it keeps (runner/measure/chunked.py) in place of the as^2b terms."""
     sbh, ass = s * b * h, a * s * s * b
+    if block:
+        return (
+            (16 + EXTRA_PER_LAYER) * sbh * p
+            + chunked.kept(s, b, a, h, xla=True)
+            + (2 * sbh * 4 if dropout > 0 else 0)
+        )
     total = (16 + EXTRA_PER_LAYER) * sbh * p + ass * p
     if dropout > 0:  # the two sbh masks and the attention mask as float32, and its output
         total += (2 * sbh + ass) * 4 + ass * p
@@ -55,28 +63,33 @@ def core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
     return ass * p * (2 if dropout > 0 else 1)
 
 
-def transformer_activations(cfg, spec, p: int) -> tuple[int, int]:
-    """(activations kept, workspace at the peak) of the transformer under XLA on a CPU."""
+def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tuple[int, int]:
+    """(activations kept, workspace at the peak) of the transformer under XLA on a CPU; block:
+    a chunked core's keys per block (None: the standard core)."""
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     sbh, ass = s * b * m.h, m.heads * s * s * b
-    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout)
+    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block)
     policy = cfg.checkpointing.policy
-    if policy == "none":
+    if policy == "none" or (policy == "selective" and block):  # a chunked core is not rebuilt
         kept, rebuilt = m.layers * layer, 0
     elif policy == "selective":
         rebuilt = core_bytes(s, b, m.heads, p, m.dropout)
         kept = m.layers * (layer - rebuilt) + rebuilt
     else:  # each segment of k layers keeps its input; one segment is rebuilt at a time
         k = segment_length(policy, m.layers, cfg.checkpointing.every)
-        masks = m.layers * ass * 4 if m.dropout > 0 else 0
+        masks = m.layers * ass * 4 if m.dropout > 0 and not block else 0
         rebuilt = min(k, m.layers) * layer
         kept = math.ceil(m.layers / k) * sbh * p + masks + rebuilt
     edges = 2 * sbh * p  # embedding output and final LayerNorm output
     logits = b * (s if spec.per_token else 1) * spec.num_classes * 4
     at_loss = 2 * logits + LOSS_GRADIENTS * sbh * 4
+    attention = (
+        chunked.workspace(s, b, m.h, m.heads, p, m.dropout, block, xla=True) - MLP_KEPT * sbh * p
+        if block
+        else int(SCORE_GRADIENTS * ass * 4) - MLP_KEPT * sbh * p
+    )
     in_layer = max(  # in the layer's MLP, or in its attention
-        LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4,
-        int(SCORE_GRADIENTS * ass * 4) - MLP_KEPT * sbh * p,
+        LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4, attention
     )
     # At the loss, no segment is rebuilt yet: what it needs beyond the rebuilt activations.
     return kept + edges, max(in_layer, at_loss - rebuilt)

@@ -42,7 +42,9 @@ def main(argv: list[str]) -> list:
     if cfg.plan.measure:
         for row in fitting:
             result = probe.probe(
-                table.job(cfg, row.precision, row.checkpointing), row.micro_batch, row.accum
+                table.job(cfg, row.precision, row.checkpointing, row.attention),
+                row.micro_batch,
+                row.accum,
             )
             row.measured_MiB = None if result["oom"] else mib(result["peak_bytes"])
             row.note = "out of memory" if result["oom"] else ""

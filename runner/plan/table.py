@@ -1,6 +1,8 @@
-"""`python -m runner.plan`'s table: one row per precision x checkpointing policy, the largest
-micro-batch predicted to fit the budget at the target batch, its peak and step time."""
+"""`python -m runner.plan`'s table: one row per precision x checkpointing policy (x attention
+kind, for the transformer: plan.attention), the largest micro-batch predicted to fit the budget
+at the target batch, its peak and step time."""
 
+import itertools
 import math
 from dataclasses import asdict, dataclass
 
@@ -35,17 +37,29 @@ class Row:
     time_from: str
     measured_MiB: float | None = None
     note: str = ""
+    attention: str = ""  # the transformer's model.attention; "" for other models
 
     def command(self) -> str:
+        attention = f" model.attention={self.attention}" if self.attention else ""
         return (
-            f"precision={self.precision} checkpointing={self.checkpointing} "
+            f"precision={self.precision} checkpointing={self.checkpointing}{attention} "
             f"data.batch_size={self.micro_batch} accum={self.accum}"
         )
 
 
-def job(cfg: DictConfig, precision: str, policy: str) -> DictConfig:
-    """cfg with this precision and checkpointing policy (their conf/ options)."""
-    return with_option(with_option(cfg, "precision", precision), "checkpointing", policy)
+def job(cfg: DictConfig, precision: str, policy: str, attention: str = "") -> DictConfig:
+    """cfg with this precision and checkpointing policy (their conf/ options), and for the
+    transformer this attention kind ("": the config's own)."""
+    out = with_option(with_option(cfg, "precision", precision), "checkpointing", policy)
+    if attention:
+        out.model.attention = attention
+    return out
+
+
+def attention_kinds(cfg: DictConfig) -> list[str]:
+    """The attention kinds the table has rows for: plan.attention for the transformer, none
+    (one row per precision and policy) for other models."""
+    return list(cfg.plan.attention) if cfg.model.name == "transformer" else [""]
 
 
 def _cheapest_first(row: Row) -> tuple:
@@ -75,6 +89,7 @@ def _supported(name: str, on_gpu: bool) -> bool:
 def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, float | None]:
     """One row of the table, and the FLOPs of fp32/none once they are known."""
     note = ""
+    attention = cfg.model.attention if cfg.model.name == "transformer" else ""
     try:
         line, hardware = estimate_line(cfg, spec, on_gpu, name)
         if line.per_sample is None:  # activations not modelled (a subclassed model): measured
@@ -82,7 +97,8 @@ def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, f
             note = "activations not modelled: peak from probes"
     except ValueError as err:  # a policy the model cannot take; probes out of memory
         p, c = cfg.precision.name, cfg.checkpointing.policy
-        return Row(p, c, None, None, None, False, math.inf, "-", note=str(err)), base_flops
+        row = Row(p, c, None, None, None, False, math.inf, "-", note=str(err), attention=attention)
+        return row, base_flops
     if base_flops is None:  # the time ratios' reference: fp32, no checkpointing
         base_flops = estimate_line(job(cfg, "fp32", "none"), spec, on_gpu, name)[1]
     jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
@@ -100,13 +116,15 @@ def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, f
         hardware / base_flops * factor,
         time_from,
         note=note,
+        attention=attention,
     )
     return row, base_flops
 
 
 def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
-    """One row per precision x checkpointing policy: at the target batch, the largest
-    micro-batch predicted to fit, its accum, peak and step-time ratio to fp32/none. Returns
+    """One row per precision x checkpointing policy (x attention kind): at the target batch,
+    the largest micro-batch predicted to fit, its accum, peak and step-time ratio to fp32/none.
+    Returns
     (rows sorted cheapest first, the budget, where it came from, the usable bytes)."""
     on_gpu, name = device_info()
     total, source = budget(cfg, on_gpu)
@@ -117,10 +135,11 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
     for precision in cfg.plan.precisions:
         if not _supported(precision, on_gpu):
             continue
-        for policy in cfg.plan.policies:
+        for policy, attention in itertools.product(cfg.plan.policies, attention_kinds(cfg)):
             row, base_flops = _row(
-                job(cfg, precision, policy), spec, on_gpu, name, effective, usable, base_flops
-            )
+                job(cfg, precision, policy, attention),
+                spec, on_gpu, name, effective, usable, base_flops,
+            )  # fmt: skip
             rows.append(row)
     rows.sort(key=_cheapest_first)
     return rows, total, source, usable
@@ -129,6 +148,8 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
 def text(rows: list[Row], measured: bool) -> str:
     """The table for the terminal."""
     columns = ["precision", "checkpointing", "micro_batch", "accum", "predicted_MiB", "fits"]
+    if any(r.attention for r in rows):
+        columns.insert(2, "attention")
     columns += ["measured_MiB"] if measured else []
     columns += ["time_ratio", "time_from"] + (["note"] if any(r.note for r in rows) else [])
     shown = [{**asdict(r), "fits": "yes" if r.fits else "no"} for r in rows]

@@ -1,0 +1,51 @@
+"""What a chunked attention core (models/chunked_attention.py, model.attention=chunked) holds
+for the estimate: what it keeps for backward, and what its backward holds while it runs.
+
+The core is one tf.custom_gradient over loops of key blocks: backward keeps q, k, v and the
+output (the layer keeps those anyway, as Korthikanti et al.'s 5sbh of attention) and a float32
+logsumexp per query, and recomputes each key block's probabilities from it; every temporary is
+[b, a, s, block]. Both terms are linear in s for a fixed block, where the standard core's are
+a s^2 b.
+"""
+
+
+def kept(s: int, b: int, a: int, h: int = 0, xla: bool = False) -> int:
+    """Bytes the core keeps beyond q, k, v and its output: the float32 logsumexp, asb; under
+    XLA on a CPU (xla) also the forward's scaled queries and blocked keys and values in
+    float32, 3 sbh: backward computes the same tensors from the same inputs, and XLA keeps
+    the forward's rather than compute them twice. Measured, chains of 2 and 6 cores
+    (forward and backward, jit_compile=True, the allocator's peak; s=512, b=4, h 64-128, 4-8
+    heads, blocks of 64-128): 28.0-28.5 bytes per sbh a layer in float32, 24.3-24.5 in
+    bfloat16, where q, k, v and the output alone are 16 and 8 (without XLA no such term)."""
+    return 4 * a * s * b + (3 * s * b * h * 4 if xla else 0)
+
+
+def workspace(
+    s: int, b: int, h: int, a: int, p: int, dropout: float, block: int, xla: bool = False
+) -> int:
+    """Bytes a chunked core's backward holds while it runs (models/chunked_attention.py
+    _backward): the output gradient and its transposed copy, the scaled queries and the
+    blocked keys and values (5 sbh at p bytes), dk and dv's arrays (2 sbh), the float32 dq
+    sum (4 sbh bytes) and delta (asb float32); and one key block's [b, a, s, block]
+    temporaries: the scores, probabilities and their gradient in float32, with dropout the
+    mask's factors and the dropped probabilities, and under a 16-bit policy the 16-bit copies
+    of the probabilities and of the scores' gradient (in float32 those casts are no-ops).
+
+    Measured, the core alone (forward and backward of chunked_attention_core, no XLA, the
+    allocator's peak above its inputs, 24 shapes: s 256-1024, b 2-8, h 64-128, 4-8 heads,
+    blocks of 64-128, float32 and bfloat16, dropout 0 and 0.1): a least-squares fit gave
+    29.5 bytes per sbh and 11.7 per [b, a, s, block] element in float32 without dropout
+    (7p + 4 = 32 and 12 here), 24.0 per block element with dropout (20 here), 17.1 in
+    bfloat16 (16 here).
+    Under XLA on a CPU (xla) the loop's body is fused: of each key block only the
+    probabilities and their gradient are buffers, and the mask's factors with dropout, in
+    float32 whatever the policy; the sbh part is float32 too. Measured as above with
+    jit_compile=True: 32.9 bytes per sbh (7 x 4 + 4 = 32 here) and 8.5 per block element
+    (8 here) in float32, 30.4 and 8.0 in bfloat16; with dropout 12.4 and 12.1 (12 here).
+    """
+    sbh, asc = s * b * h, a * s * block * b
+    if xla:
+        # the 3 sbh kept from the forward pass (kept) are not allocated again here
+        return (32 - 12) * sbh + 4 * a * s * b + (3 if dropout > 0 else 2) * 4 * asc
+    per_block = (3 + (2 if dropout > 0 else 0)) * 4 + (2 * p if p < 4 else 0)
+    return (7 * p + 4) * sbh + 4 * a * s * b + per_block * asc

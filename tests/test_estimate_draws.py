@@ -1,0 +1,52 @@
+"""The estimate on jobs drawn at random from the whole configurable space (issue 29): every
+family and version, shapes, batch, precision, checkpointing policy, dropout and accum, each
+draw in a fresh process as a user runs it, within issue 15's band. A failing seed is a bug in
+the estimate's rules, not a draw to exclude."""
+
+import os
+
+import pytest
+
+from runner.bench import draws, estimate
+
+DRAWS = 6
+# The seed is printed; TFMEMLAB_ESTIMATE_SEED=S draws another set (the benchmark's
+# `python -m runner.bench estimate --draws N --seed S` runs the same jobs for a seed).
+SEED = int(os.environ.get("TFMEMLAB_ESTIMATE_SEED", "29"))
+
+
+def test_draws_are_reproducible_and_within_the_budget():
+    jobs = draws.draws(20, SEED, draws.SMALL)
+    assert jobs == draws.draws(20, SEED, draws.SMALL)
+    assert jobs != draws.draws(20, SEED + 1, draws.SMALL)
+    for knobs in jobs:
+        if knobs["model"] == "transformer":
+            assert knobs["model.h"] % knobs["model.heads"] == 0
+        overrides = draws.overrides(knobs)
+        assert "trainer.max_steps=3" in overrides
+
+
+# slow: 6 fresh processes, 163 s of CPU (152 user, 12 system) and 11.7 min of wall time measured
+# at a load of 7 on the 2 cores; each process's start, tracing and XLA compilation are most of it.
+@pytest.mark.slow
+def test_the_estimate_holds_on_jobs_drawn_at_random(capsys):
+    jobs = draws.draws(DRAWS, SEED, draws.SMALL)
+    rows = estimate.drawn(jobs, SEED, ["trainer.progress=false"], draws.SMALL)
+    low, high = estimate.BAND
+    outside = {
+        row["draw"]: row for row in rows if not low <= (row["measured/estimate"] or 0) <= high
+    }
+    if outside:
+        # As the calibration matrix's test: the executor's order of independent ops moves a
+        # peak between runs, so a draw outside the band is measured once more, in a fresh
+        # process, and must be in it then. A rule that is wrong misses twice.
+        again = estimate.drawn([jobs[i] for i in outside], SEED, ["trainer.progress=false"])
+        outside = {
+            i: (row, second)
+            for (i, row), second in zip(outside.items(), again, strict=True)
+            if not low <= (second["measured/estimate"] or 0) <= high
+        }
+    printed = capsys.readouterr().out
+    print(printed)  # the seed and the table, in the test's output
+    assert f"seed {SEED}:" in printed
+    assert not outside, (f"seed {SEED}", outside)
