@@ -84,9 +84,8 @@ def _validate_model(cfg: DictConfig) -> None:
             _check_min(cfg, key, 1)
         h, heads = cfg.model.h, cfg.model.heads
         _require(h % heads == 0, "model.h", h, f"a multiple of model.heads={heads}")
-        _require(
-            0.0 <= cfg.model.dropout < 1.0, "model.dropout", cfg.model.dropout, "a number in [0, 1)"
-        )
+        drop = cfg.model.dropout
+        _require(0.0 <= drop < 1.0, "model.dropout", drop, "a number in [0, 1)")
         _check_choice(cfg, "model.attention", ATTENTION_KINDS)
         _check_min(cfg, "model.attention_block", 1)  # an int: the schema says so
         _require(
