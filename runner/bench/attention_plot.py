@@ -1,0 +1,59 @@
+"""attention_scaling.png: the whole model's peak and step time against the sequence length s,
+standard and chunked attention, on log-log axes with reference slopes of s and s^2 (a line of
+slope 1 or 2), so that the s^2 growth of the standard core's scores and the linear growth of
+the chunked one read off the picture. Drawn in the project's style (runner/report/plots.py).
+"""
+
+from pathlib import Path
+
+from runner.report import plots
+
+STYLE = {"standard": ("C0", "o"), "chunked": ("C1", "s")}
+PANELS = (("peak_MiB", "peak (MiB)", "{:.0f}"), ("step_s", "step time p50 (s)", "{:.2f}"))
+
+
+def _reference(ax, points: list[tuple[int, float]], power: int, text: str) -> None:
+    """A dashed line of slope `power` through the last point, across the points' range."""
+    (s0, _), (s1, y1) = points[0], points[-1]
+    xs = [s0, s1]
+    ax.plot(xs, [y1 * (x / s1) ** power for x in xs], ls="--", color="0.55", lw=0.9, zorder=1)
+    ax.annotate(
+        text,
+        (s0, y1 * (s0 / s1) ** power),
+        xytext=(4, -2),
+        textcoords="offset points",
+        fontsize=7,
+        color="0.35",
+        va="top",
+    )
+
+
+def scaling(rows: list[dict], title: str, path: Path) -> Path:
+    """rows: attention_sweep's (s, attention, peak_MiB, step_s, note)."""
+    fig = plots.figure(11, 4.8)
+    axes = fig.subplots(1, 2)
+    lengths = sorted({r["s"] for r in rows})
+    for ax, (key, label, fmt) in zip(axes, PANELS, strict=True):
+        labels, every = [], []
+        for kind, (color, marker) in STYLE.items():
+            points = [(r["s"], r[key]) for r in rows if r["attention"] == kind and key in r]
+            if not points:
+                continue
+            ax.plot(*zip(*points, strict=True), color=color, marker=marker, label=kind, zorder=3)
+            labels += [(p, fmt.format(p[1]), {"color": color}) for p in points]
+            every += points
+            if len(points) > 1:  # s^2 beside standard, s beside chunked
+                power = 2 if kind == "standard" else 1
+                _reference(ax, points, power, "slope of s^2" if power == 2 else "slope of s")
+        ax.set(xscale="log", yscale="log", xlabel="sequence length s (tokens)", ylabel=label)
+        ax.set_xticks(lengths, [str(s) for s in lengths])
+        ax.minorticks_off()
+        ax.grid(True, which="major", lw=0.4, color="0.85")
+        ax.legend(loc="upper left", fontsize=8)
+        ax.margins(x=0.08, y=0.15)
+        plots.label_points(ax, labels, every)
+    fig.suptitle(f"attention against s: {title}", fontsize=9)
+    notes = [f"{r['attention']} at s={r['s']}: {r['note']}" for r in rows if r.get("note")]
+    notes.append("dashed: a line of slope 1 (s) or 2 (s^2) through each kind's longest point")
+    plots.caption(fig, notes)
+    return plots.save(fig, path)
