@@ -37,7 +37,7 @@ def command_line() -> argparse.ArgumentParser:
     add("--seq", type=int, default=1024, help="side: the sequence length")
     add("--selective-seq", type=int, default=512, help="selective: the sequence length")
     add("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096], help="sweep")
-    add("--sweep-steps", type=int, default=4, help="sweep: optimizer steps a job")
+    add("--sweep-steps", type=int, default=3, help="sweep: optimizer steps a job")
     add("--sweep-limit-mib", type=int, default=8192, help="sweep: the allocator's limit")
     add("--max-step-s", type=float, default=60.0, help="sweep: a kind stops after a slower step")
     add("--out", type=Path, default=Path("outputs/bench"), help="sweep: the picture's folder")

@@ -60,7 +60,7 @@ def measure(kind: str, seq: int, h: int, heads: int, batch: int, block: int, xla
     return {"peak": peak, "inputs": before, "time": statistics.median(times)}
 
 
-def main(argv: list[str]) -> None:
+def command_line() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m runner.bench attention --core", description=__doc__.splitlines()[0]
     )
@@ -70,7 +70,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--block", type=int, default=128)
     parser.add_argument("--xla", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = command_line().parse_args(argv)
     rows = []
     for seq in args.lengths:
         cells = {}

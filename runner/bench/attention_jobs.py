@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 from runner.config import compose_config
 from runner.plan.line import CAP
+from runner.train.optimizer import resolve_jit
 
 MODEL = [
     "model=transformer",
@@ -65,8 +66,9 @@ def spread(values: list[float]) -> tuple[float, float, float]:
 def describe(extra: list[str], seq: int = 128) -> str:
     """The model as these jobs compose it, in a few words (the command line's overrides in)."""
     cfg = compose("standard", seq, extra)
-    m, jit = cfg.model, cfg.trainer.jit_compile
+    m = cfg.model
+    xla = resolve_jit(cfg.trainer.jit_compile, m.name, False)  # as on this CPU
     return (
         f"transformer h={m.h}, {m.layers} layers, {m.heads} heads, batch {cfg.data.batch_size}, "
-        f"{cfg.precision.name}, XLA {jit}, block {m.attention_block}"
+        f"{cfg.precision.name}, XLA {'on' if xla else 'off'}, block {m.attention_block}"
     )

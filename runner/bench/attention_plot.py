@@ -6,10 +6,12 @@ the chunked one read off the picture. Drawn in the project's style (runner/repor
 
 from pathlib import Path
 
+from matplotlib.ticker import NullFormatter, NullLocator
+
 from runner.report import plots
 
 STYLE = {"standard": ("C0", "o"), "chunked": ("C1", "s")}
-PANELS = (("peak_MiB", "peak (MiB)", "{:.0f}"), ("step_s", "step time p50 (s)", "{:.2f}"))
+PANELS = (("peak_MiB", "peak (MiB)", "{:.4g}"), ("step_s", "step time p50 (s)", "{:.3g}"))
 
 
 def _reference(ax, points: list[tuple[int, float]], power: int, text: str) -> None:
@@ -47,7 +49,8 @@ def scaling(rows: list[dict], title: str, path: Path) -> Path:
                 _reference(ax, points, power, "slope of s^2" if power == 2 else "slope of s")
         ax.set(xscale="log", yscale="log", xlabel="sequence length s (tokens)", ylabel=label)
         ax.set_xticks(lengths, [str(s) for s in lengths])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(NullLocator())  # the lengths only, as plain numbers
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="major", lw=0.4, color="0.85")
         ax.legend(loc="upper left", fontsize=8)
         ax.margins(x=0.08, y=0.15)
