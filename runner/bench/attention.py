@@ -41,7 +41,7 @@ def command_line() -> argparse.ArgumentParser:
     add("--sweep-limit-mib", type=int, default=8192, help="sweep: the allocator's limit")
     add("--max-step-s", type=float, default=60.0, help="sweep: a kind stops after a slower step")
     add("--out", type=Path, default=Path("outputs/bench"), help="sweep: the picture's folder")
-    add("--limit-mib", type=int, default=1024, help="budget: TF_CPU_BFC_MEM_LIMIT_IN_MB")
+    add("--limit-mib", type=int, default=256, help="budget: TF_CPU_BFC_MEM_LIMIT_IN_MB")
     add("--start", type=int, default=512, help="budget: the first length tried")
     add("--ceiling", type=int, default=16384, help="budget: the longest length tried")
     return parser
