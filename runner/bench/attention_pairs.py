@@ -9,6 +9,7 @@ the runner's own (runner/bench/attention_jobs.py); ratios divide the medians of 
   <= 1.2x the time.
 """
 
+import os
 from typing import NamedTuple
 
 from runner.bench import mib, run_jobs, table
@@ -96,10 +97,14 @@ def rows(pair: Pair, results: dict[str, dict]) -> list[dict]:
 
 def compare(pair: Pair, repeats: int, steps: int, extra: list[str]) -> dict:
     """Run the pair interleaved, print its table and verdict; returns both."""
+    before = os.getloadavg()[0]
     results = run_jobs(jobs(pair, repeats, steps), extra)
     table_rows = rows(pair, results)
     line = verdict(pair.target, table_rows[1]["peak/base"], table_rows[1]["time/base"])
     print(f"== {pair.name}: {describe([*pair.base[1], *extra])}; {repeats} runs each, interleaved")
+    print(
+        f"load average (1 min) of the machine: {before:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
     print(table(table_rows, COLUMNS))
     print(f"{pair.other[0]} / {pair.base[0]}: {line}")
     return {"rows": table_rows, "verdict": line, "results": results}
