@@ -170,8 +170,9 @@ def test_attention_bench_prints_pairs_verdict_and_longest_sequences(capsys, monk
     assert list(out) == ["side", "budget"]
     assert [(r["job"], r["runs"]) for r in side["rows"]] == [("standard", 2), ("chunked", 2)]
     assert list(side["results"]) == ["standard #1", "chunked #1", "standard #2", "chunked #2"]
-    header = printed.split("== chunked vs standard attention, 64 tokens:")[1].splitlines()[1]
-    assert header.split() == attention_pairs.COLUMNS
+    block = printed.split("== chunked vs standard attention, 64 tokens:")[1].splitlines()
+    assert block[1].startswith("load average (1 min) of the machine: ")
+    assert block[2].split() == attention_pairs.COLUMNS
     std, chk = side["rows"]
     assert chk["peak/base"] == pytest.approx(chk["peak_MiB"] / std["peak_MiB"])
     low, high = map(float, chk["step_min-max"].split("-"))
