@@ -14,20 +14,14 @@ STYLE = {"standard": ("C0", "o"), "chunked": ("C1", "s")}
 PANELS = (("peak_MiB", "peak (MiB)", "{:.4g}"), ("step_s", "step time p50 (s)", "{:.3g}"))
 
 
-def _reference(ax, points: list[tuple[int, float]], power: int, text: str) -> None:
-    """A dashed line of slope `power` through the last point, across the points' range."""
+def _reference(ax, points: list[tuple[int, float]], power: int) -> None:
+    """A grey line of slope `power` through the last point, across the points' range, named
+    in the legend (dashed: s^2, dotted: s)."""
     (s0, _), (s1, y1) = points[0], points[-1]
     xs = [s0, s1]
-    ax.plot(xs, [y1 * (x / s1) ** power for x in xs], ls="--", color="0.55", lw=0.9, zorder=1)
-    ax.annotate(
-        text,
-        (s0, y1 * (s0 / s1) ** power),
-        xytext=(4, -2),
-        textcoords="offset points",
-        fontsize=7,
-        color="0.35",
-        va="top",
-    )
+    style = {"ls": "--" if power == 2 else ":", "color": "0.45", "lw": 1.0, "zorder": 1}
+    label = "slope of s^2" if power == 2 else "slope of s"
+    ax.plot(xs, [y1 * (x / s1) ** power for x in xs], label=label, **style)
 
 
 def scaling(rows: list[dict], title: str, path: Path) -> Path:
@@ -44,9 +38,11 @@ def scaling(rows: list[dict], title: str, path: Path) -> Path:
             ax.plot(*zip(*points, strict=True), color=color, marker=marker, label=kind, zorder=3)
             labels += [(p, fmt.format(p[1]), {"color": color}) for p in points]
             every += points
-            if len(points) > 1:  # s^2 beside standard, s beside chunked
-                power = 2 if kind == "standard" else 1
-                _reference(ax, points, power, "slope of s^2" if power == 2 else "slope of s")
+            # Memory: s^2 beside standard, s beside chunked. Time: both compute every score,
+            # so s^2 beside chunked, the kind measured furthest.
+            power = 2 if kind == "standard" or key == "step_s" else 1
+            if len(points) > 1 and (key == "peak_MiB" or kind == "chunked"):
+                _reference(ax, points, power)
         ax.set(xscale="log", yscale="log", xlabel="sequence length s (tokens)", ylabel=label)
         ax.set_xticks(lengths, [str(s) for s in lengths])
         ax.xaxis.set_minor_locator(NullLocator())  # the lengths only, as plain numbers
@@ -57,6 +53,6 @@ def scaling(rows: list[dict], title: str, path: Path) -> Path:
         plots.label_points(ax, labels, every)
     fig.suptitle(f"attention against s: {title}", fontsize=9)
     notes = [f"{r['attention']} at s={r['s']}: {r['note']}" for r in rows if r.get("note")]
-    notes.append("dashed: a line of slope 1 (s) or 2 (s^2) through each kind's longest point")
+    notes.append("grey: lines of slope 1 (s) and 2 (s^2) through a kind's longest point")
     plots.caption(fig, notes)
     return plots.save(fig, path)
