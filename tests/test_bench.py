@@ -147,3 +147,57 @@ def test_distribution_bench_prints_each_job_and_the_per_replica_check(capsys, mo
     ratio = largest / rows[0]["peak_MiB"]
     assert float(line.group(3)) == pytest.approx(ratio, abs=0.02)
     assert line.group(4) == ("ok" if float(line.group(3)) <= 0.6 else "MISSED")
+
+
+@pytest.mark.slow
+def test_attention_bench_prints_pairs_verdict_and_longest_sequences(capsys, monkeypatch):
+    # The attention benchmark's side-by-side part and its budget search at tiny sizes: the
+    # side-by-side jobs run in this process (what is checked is the table and the verdict);
+    # the budget's probes run in fresh processes, which alone obey the allocator's limit.
+    # At h=16, 4 heads, 1 layer, batch 4, no XLA, under 32 MiB: standard attention fit at 256
+    # tokens and ran out of memory at 512; chunked (block 256) fit at 512 and not at 1,024, so
+    # the search takes both ways and meets a chunked job's out-of-memory error.
+    from runner.bench import attention, attention_budget, attention_pairs
+
+    _jobs_in_this_process(monkeypatch)
+    model = [o for o in TINY["transformer"] if not o.startswith("data.seq_len")]
+    tiny = [*model, "model.heads=4", "model.attention_block=256", *TINY_DATA, *NO_MODEL]
+    args = ["--only", "side", "--only", "budget", "--repeats", "2", "--steps", "3", "--seq", "64"]
+    args += ["--limit-mib", "32", "--start", "256", "--ceiling", "4096"]
+    out = attention.main([*args, *tiny])
+    printed = capsys.readouterr().out
+    side = out["side"]
+    assert list(out) == ["side", "budget"]
+    assert [(r["job"], r["runs"]) for r in side["rows"]] == [("standard", 2), ("chunked", 2)]
+    assert list(side["results"]) == ["standard #1", "chunked #1", "standard #2", "chunked #2"]
+    block = printed.split("== chunked vs standard attention, 64 tokens:")[1].splitlines()
+    assert block[1].startswith("load average (1 min) of the machine: ")
+    assert block[2].split() == attention_pairs.COLUMNS
+    std, chk = side["rows"]
+    assert chk["peak/base"] == pytest.approx(chk["peak_MiB"] / std["peak_MiB"])
+    low, high = map(float, chk["step_min-max"].split("-"))
+    assert low - 0.0005 <= chk["step_s"] <= high + 0.0005  # printed to 3 decimals
+    line = re.search(
+        r"^chunked / standard: peak ([\d.]+)x .* step time ([\d.]+)x .*: (\w+)$", printed, re.M
+    )
+    assert line, printed
+    ok = chk["peak/base"] <= 0.35 and chk["time/base"] <= 1.3
+    assert line.group(3) == ("ok" if ok else "MISSED")
+    assert attention_pairs.verdict((0.35, 1.3), 0.36, 1.0).endswith("MISSED")
+    assert attention_pairs.verdict((0.35, 1.3), 0.3, 1.31).endswith("MISSED")
+    assert attention_pairs.verdict((0.35, 1.3), 0.3, 1.2).endswith("ok")
+    # The budget: each kind's longest from its probes, chunked's longer.
+    lengths, probes = out["budget"]["lengths"], out["budget"]["probes"]
+    assert lengths["standard"] == 256, probes
+    assert lengths["chunked"] >= 512 and lengths["chunked"] % 256 == 0, probes
+    misses = [(p["attention"], p["s"]) for p in probes if not p["fits"]]
+    assert ("standard", 512) in misses and ("chunked", 1024) in misses, probes
+    ratio = lengths["chunked"] / 256
+    verdict = rf"{ratio:.2f}x \(target >= 4\): {'ok' if ratio >= 4 else 'MISSED'}"
+    assert re.search(
+        rf"^longest: standard 256, chunked {lengths['chunked']} tokens: {verdict}$", printed, re.M
+    ), printed
+    # The search itself: a doubling, then a bisection to the block.
+    assert attention_budget.longest(lambda s: s <= 1000, 128, 128, 16384) == 896
+    assert attention_budget.longest(lambda s: s <= 100, 128, 128, 16384) == 0
+    assert attention_budget.longest(lambda s: True, 128, 128, 1000) == 512

@@ -203,6 +203,13 @@ def check_module(name: str, argv: list[str]) -> None:
             extra = extra[1:]
         if argv[0] == "estimate" and extra[:1] == ["--draws"]:  # N [--seed S], then overrides
             _, _, extra = importlib.import_module("runner.bench.estimate").draw_args(extra)
+        if argv[0] == "attention":  # its own options (--core: the core alone, no overrides)
+            bench = importlib.import_module("runner.bench.attention")
+            core = importlib.import_module("runner.bench.attention_core")
+            if extra[:1] == ["--core"]:
+                core.command_line().parse_args(extra[1:])
+                return
+            _, extra = bench.command_line().parse_known_args(extra)
         if argv[0] == "checkpointing":  # --only NAME picks some of its groups
             _, extra = importlib.import_module("runner.bench.checkpointing")._only(extra)
         check_overrides(extra)

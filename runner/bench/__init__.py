@@ -11,7 +11,8 @@
     python -m runner.bench layers            # per-layer profile: memory-bound layers' shares
     python -m runner.bench plan              # the planner's predicted peaks against probes
     python -m runner.bench distribution      # 1, 2, 4 replicas and 2 workers at one global batch
-    python -m runner.bench attention         # the attention core, standard vs chunked, against s
+    python -m runner.bench attention         # standard vs chunked: whole model, s, budget
+    python -m runner.bench attention --core  # ... the attention core alone, against s
 
 Targets are checked here, by ratios of figures measured in the same run, not by timed unit
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.

@@ -1,98 +1,82 @@
-"""The attention core alone, standard against chunked: the CPU allocator's peak and the time
-of one forward+backward against the sequence length (issue 29), one cell per fresh process:
+"""`python -m runner.bench attention`: standard against chunked attention in the whole
+transformer (issue 29), h=128, 4 layers, 8 heads, batch 4, float32, its default XLA:
 
-    python -m runner.bench attention                 # s = 256..2048, h=128, 8 heads, b=4
-    python -m runner.bench attention --xla --lengths 1024
+    python -m runner.bench attention                  # all four parts below, in this order
+    python -m runner.bench attention --only side      # one part (--only again: more)
+    python -m runner.bench attention --core [--xla]   # the attention core alone against s
 
-Still to come: the whole model, the longest sequence under a fixed memory limit and the
-picture of the s^2 and s growth.
+- side: chunked vs standard at 1,024 tokens, 3 runs each: peak <= 0.35x, step <= 1.3x;
+- selective: `checkpointing=selective` with chunked vs none with standard at 512 tokens,
+  batch 8: peak <= 0.5x, step <= 1.2x (runner/bench/attention_pairs.py);
+- sweep: peak and step time against s from 256 to 4096, and attention_scaling.png
+  (runner/bench/attention_sweep.py, runner/bench/attention_plot.py);
+- budget: each kind's longest sequence under one TF_CPU_BFC_MEM_LIMIT_IN_MB: chunked >= 4x
+  standard's (runner/bench/attention_budget.py).
 
-The peak is get_memory_info('CPU:0')['peak'] after reset_memory_stats (as runner/measure
-reads a step's), with q, k, v and the output gradient already allocated; "held" is the peak
-less those inputs. Under XLA the pool is grown first (shared GUIDE: the BFC allocator's
-chunks round a compiled program's buffer up otherwise).
+Every job runs in a fresh process and reports the runner's own figures (the steady step peak
+and the p50 step time a user's run logs). Timing is interleaved: the two jobs of a comparison
+alternate (A B A B ...) and a sweep runs both kinds at each length before the next, so that
+the other load on a shared machine falls on both alike; ratios divide figures of this run.
+Arguments the parser does not know are Hydra overrides for every job.
 """
 
 import argparse
-import statistics
-import time
+from pathlib import Path
 
-from runner.core.process import in_fresh_process
-from runner.core.text import table
-
-MIB = 2**20
+PARTS = ("side", "selective", "sweep", "budget")
 
 
-def measure(kind: str, seq: int, h: int, heads: int, batch: int, block: int, xla: bool) -> dict:
-    import tensorflow as tf
-
-    from models.chunked_attention import chunked_attention_core
-    from models.memory_limited import attention_core
-
-    def core(q, k, v):
-        if kind == "chunked":
-            return chunked_attention_core(q, k, v, None, 0.0, True, block)
-        return attention_core(q, k, v, None, 0.0, True)
-
-    @tf.function(jit_compile=xla)
-    def step(q, k, v, dout):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = core(q, k, v)
-        return tape.gradient(out, [q, k, v], dout)
-
-    if xla:  # grow the pool: a later buffer is then split from it, not given a whole chunk
-        pool = tf.zeros([2 * 2**30 // 4])
-        del pool
-    shape = (batch, seq, heads, h // heads)
-    q, k, v, dout = (tf.random.normal(shape, seed=i) for i in range(4))
-    step(q, k, v, dout)  # trace (and compile)
-    times = []
-    for i in range(3):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        start = time.perf_counter()
-        grads = step(q, k, v, dout)
-        _ = [g.numpy() for g in grads]
-        times.append(time.perf_counter() - start)
-        if i == 0:
-            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-        del grads
-    return {"peak": peak, "inputs": before, "time": statistics.median(times)}
-
-
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    parser.add_argument("--h", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--block", type=int, default=128)
-    parser.add_argument("--xla", action="store_true")
-    args = parser.parse_args(argv)
-    rows = []
-    for seq in args.lengths:
-        cells = {}
-        for kind in ("standard", "chunked"):
-            shape = (seq, args.h, args.heads, args.batch, args.block, args.xla)
-            cells[kind] = in_fresh_process(measure, kind, *shape)
-            got = cells[kind]
-            rows.append(
-                {
-                    "s": seq,
-                    "attention": kind,
-                    "peak MiB": got["peak"] / MIB,
-                    "held MiB": (got["peak"] - got["inputs"]) / MIB,
-                    "time s": got["time"],
-                    "a*s^2*b*4 MiB": args.heads * seq * seq * args.batch * 4 / MIB,
-                }
-            )
-        std, chk = cells["standard"], cells["chunked"]
-        rows[-1]["peak ratio"] = chk["peak"] / std["peak"]
-        rows[-1]["time ratio"] = chk["time"] / std["time"]
-    print(
-        f"attention core, causal, fp32, h={args.h}, heads={args.heads}, batch={args.batch}, "
-        f"block={args.block}, XLA {'on' if args.xla else 'off'}; forward+backward"
+def command_line() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m runner.bench attention", description=__doc__.splitlines()[0]
     )
-    columns = ["s", "attention", "peak MiB", "held MiB", "time s", "a*s^2*b*4 MiB"]
-    print(table(rows, columns + ["peak ratio", "time ratio"]))
+    add = parser.add_argument
+    add("--only", action="append", choices=PARTS, help="a part to run (default: all)")
+    add("--repeats", type=int, default=3, help="side, selective: runs of each job")
+    add("--steps", type=int, default=6, help="side, selective: optimizer steps a job")
+    add("--seq", type=int, default=1024, help="side: the sequence length")
+    add("--selective-seq", type=int, default=512, help="selective: the sequence length")
+    add("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096], help="sweep")
+    add("--sweep-steps", type=int, default=3, help="sweep: optimizer steps a job")
+    add("--sweep-limit-mib", type=int, default=8192, help="sweep: the allocator's limit")
+    add("--max-step-s", type=float, default=60.0, help="sweep: a kind stops after a slower step")
+    add("--out", type=Path, default=Path("outputs/bench"), help="sweep: the picture's folder")
+    add("--limit-mib", type=int, default=256, help="budget: TF_CPU_BFC_MEM_LIMIT_IN_MB")
+    add("--start", type=int, default=512, help="budget: the first length tried")
+    add("--ceiling", type=int, default=16384, help="budget: the longest length tried")
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    for key in ("repeats", "steps", "seq", "selective_seq", "limit_mib", "start"):
+        if getattr(args, key) < 1:
+            flag = "--" + key.replace("_", "-")
+            raise SystemExit(f"error: {flag} {getattr(args, key)}: expected an integer >= 1")
+    if args.sweep_steps < 2 or args.steps < 2:
+        flag = "--steps" if args.steps < 2 else "--sweep-steps"
+        raise SystemExit(f"error: {flag}: expected >= 2 (the first step compiles, untimed)")
+
+
+def main(argv: list[str]) -> dict:
+    if argv[:1] == ["--core"]:
+        from runner.bench import attention_core
+
+        return attention_core.main(argv[1:])
+    from runner.bench import attention_budget, attention_pairs, attention_sweep
+
+    args, extra = command_line().parse_known_args(argv)
+    _check(args)
+    parts, out = args.only or PARTS, {}
+    if "side" in parts:
+        pair = attention_pairs.side(args.seq)
+        out["side"] = attention_pairs.compare(pair, args.repeats, args.steps, extra)
+    if "selective" in parts:
+        pair = attention_pairs.selective(args.selective_seq)
+        out["selective"] = attention_pairs.compare(pair, args.repeats, args.steps, extra)
+    if "sweep" in parts:
+        sweep = (args.lengths, args.sweep_limit_mib, args.max_step_s, args.sweep_steps)
+        out["sweep"] = attention_sweep.main(*sweep, extra, args.out)
+    if "budget" in parts:
+        budget = (args.limit_mib, args.start, args.ceiling, extra)
+        out["budget"] = attention_budget.main(*budget)
+    return out

@@ -58,8 +58,9 @@ def _probe_in_child(container: dict, folder: str) -> dict:
     try:
         figures = pipeline.run(OmegaConf.create(container))
     except tf.errors.ResourceExhaustedError:
-        return {"peak_bytes": None, "oom": True}
-    return {"peak_bytes": int(figures["mem/peak_bytes"]), "oom": False}
+        return {"peak_bytes": None, "step_s": None, "oom": True}
+    step_s = figures["speed/step_time_s_p50"]
+    return {"peak_bytes": int(figures["mem/peak_bytes"]), "step_s": step_s, "oom": False}
 
 
 def _estimate_in_child(container: dict) -> dict:
@@ -95,10 +96,12 @@ def measured_line(cfg: DictConfig, line: Line, effective: int) -> tuple[Line, li
     return Line(fixed, line.accumulation, slope, line.parts), probes
 
 
-def probe(cfg: DictConfig, b: int, accum: int, capped: bool = True) -> dict:
-    """The measured peak of cfg at micro-batch b (None: out of memory), from PROBE_STEPS
-    optimizer steps in a fresh process logged to a throw-away store. accum is at most 2: one
-    accumulation sum is alive whatever accum > 1 is.
+def probe(
+    cfg: DictConfig, b: int, accum: int, capped: bool = True, steps: int = PROBE_STEPS
+) -> dict:
+    """The measured peak of cfg at micro-batch b (None: out of memory) and its p50 step time,
+    from `steps` optimizer steps in a fresh process logged to a throw-away store. accum is at
+    most 2: one accumulation sum is alive whatever accum > 1 is.
 
     capped=False runs it without TF_CPU_BFC_MEM_LIMIT_IN_MB: under a tight limit the CPU
     allocator's pool is small, a chunk is split only for requests under half its size, and
@@ -112,7 +115,7 @@ def probe(cfg: DictConfig, b: int, accum: int, capped: bool = True) -> dict:
             b,
             k,
             **{
-                "trainer.max_steps": PROBE_STEPS,
+                "trainer.max_steps": steps,
                 "trainer.eval_batches": 1,
                 "trainer.checkpoint_every": 0,
                 "trainer.resume": None,

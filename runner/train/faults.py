@@ -30,10 +30,17 @@ def out_of_memory(err, job: Job, built: Built):
     limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if not on_gpu else None
     b, k = cfg.data.batch_size, cfg.accum
     halved = f"accum={2 * k} data.batch_size={b // 2} (the same effective batch), " if b > 1 else ""
+    # No total where the estimate does not model the activations (model.attention=chunked,
+    # a subclassed model): the message says so rather than failing on it.
+    total = parts["total"]
+    estimated = (
+        f"the estimate for this job is {total / 2**20:.1f} MiB "
+        if total is not None
+        else "the estimate does not model this job's activations "
+    )
     message = (
         f"out of memory at optimizer step {getattr(err, 'tfmemlab_step', '?')} with micro-batch "
-        f"data.batch_size={b} x accum={k}: the estimate for this job is "
-        f"{parts['total'] / 2**20:.1f} MiB "
+        f"data.batch_size={b} x accum={k}: {estimated}"
         + (f"against a limit of {limit} MiB " if limit else f"on {job.device_name} ")
         + f"(checkpointing={cfg.checkpointing.policy}, precision={cfg.precision.name}); to "
         f"fit, try {halved}checkpointing=blocks or selective, precision=mixed or bf16, or a "
