@@ -46,7 +46,8 @@ def run_rounds(
 ) -> dict[str, list[dict]]:
     """As run_jobs, `repeats` times, interleaved: round r runs every job once, in order, so that
     drift in the machine's load hits every job alike (runner/bench/noise.py); per job, its
-    repeats' results in round order."""
+    repeats' results in round order. Overrides in `extra` win over the throw-away store's
+    (`mlflow.tracking_uri=...` keeps the runs)."""
     results: dict[str, list[dict]] = {name: [] for name in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         common = [
@@ -57,6 +58,6 @@ def run_rounds(
         for r in range(repeats):
             for name, overrides in jobs.items():
                 label = name if repeats == 1 else f"{name} (repeat {r})"
-                job = overrides + extra + common + [f"mlflow.run_name='{label}'"]
+                job = common + overrides + extra + [f"mlflow.run_name='{label}'"]
                 results[name].append(in_fresh_process(_run_one, job, config_dir))
     return results
