@@ -149,6 +149,7 @@ def test_distribution_bench_prints_each_job_and_the_per_replica_check(capsys, mo
     assert line.group(4) == ("ok" if float(line.group(3)) <= 0.6 else "MISSED")
 
 
+@pytest.mark.slow
 def test_checkpointing_bench_interleaves_its_repeats_and_prints_intervals(
     capsys, monkeypatch, store
 ):
