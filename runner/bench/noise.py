@@ -72,9 +72,9 @@ def note(repeats: int) -> str:
     )
 
 
-def take_repeats(args: list[str]) -> tuple[int, list[str]]:
-    """(N from `--repeats N`, default 1; the other arguments)."""
-    repeats, rest, it = 1, [], iter(args)
+def take_repeats(args: list[str], default: int = 1) -> tuple[int, list[str]]:
+    """(N from `--repeats N`, else `default`; the other arguments)."""
+    repeats, rest, it = default, [], iter(args)
     for arg in it:
         if arg != "--repeats":
             rest.append(arg)
