@@ -201,6 +201,8 @@ def check_module(name: str, argv: list[str]) -> None:
             return
         if argv[0] == "estimate" and extra[:1] == ["--unseen"]:  # then run.py's overrides
             extra = extra[1:]
+        if argv[0] in ("checkpointing", "precision_accum", "overhead"):  # --repeats N
+            extra = importlib.import_module("runner.bench.noise").take_repeats(extra)[1]
         if argv[0] == "checkpointing":  # --only NAME picks some of its groups
             _, extra = importlib.import_module("runner.bench.checkpointing")._only(extra)
         check_overrides(extra)

@@ -14,6 +14,8 @@
 
 Targets are checked here, by ratios of figures measured in the same run, not by timed unit
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.
+`--repeats N` (checkpointing, precision_accum, overhead) runs the jobs in N interleaved rounds
+and prints each ratio with its interval, each verdict taken on its far end (noise.py).
 """
 
 import tempfile
