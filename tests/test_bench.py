@@ -174,8 +174,10 @@ def test_checkpointing_bench_interleaves_its_repeats_and_prints_intervals(
     assert list(results) == jobs and all(len(runs) == 2 for runs in results.values())
     blocks, none = results[jobs[1]], results[jobs[0]]
     for key in ("mem/peak_bytes", "speed/step_time_s_p50"):
-        printed = str(noise.ratio(blocks, none, key))
-        assert re.fullmatch(r"\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\]", printed)
+        r = noise.ratio(blocks, none, key)
+        printed = str(r)
+        assert re.fullmatch(r"\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\]( within noise)?", printed)
+        assert printed.endswith("within noise") == (r.interval[0] <= 1 <= r.interval[1])
         assert printed in out.splitlines()[2], out
     assert re.search(r"target peak <= 0.75: (ok|met only within noise|MISSED)$", out, re.M)
     assert "95% bootstrap interval of the ratio of medians over 2 interleaved rounds" in out
@@ -188,6 +190,8 @@ def test_a_verdict_is_taken_on_the_far_end_of_each_interval():
 
     met, noisy, missed = noise.Ratio(0.69, (0.66, 0.695)), noise.Ratio(0.69, (0.66, 0.72)), 0.71
     assert noise.verdict([(met, 0.7)]) == "ok"
+    assert str(noisy) == "0.690 [0.660, 0.720]"
+    assert str(noise.Ratio(1.02, (0.9, 1.1))) == "1.020 [0.900, 1.100] within noise"
     assert noise.verdict([(noisy, 0.7)]) == "met only within noise"
     assert noise.verdict([(noise.Ratio(0.69), 0.7)]) == "ok"
     assert noise.verdict([(noise.Ratio(missed, (0.69, 0.73)), 0.7)]) == "MISSED"

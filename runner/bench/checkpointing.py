@@ -118,6 +118,7 @@ def _rows(groups: list[Group], results: dict[str, list[dict]]) -> list[dict]:
         for choice in (group.baseline, *group.variants):
             runs = results[f"{group.name} | {choice}"]
             peak, time = (ratio(runs, base, k) for k in ("mem/peak_bytes", "speed/step_time_s_p50"))
+            is_base = choice == group.baseline  # its ratios are 1 by definition
             r = medians(runs)
             rows.append(
                 {
@@ -125,9 +126,9 @@ def _rows(groups: list[Group], results: dict[str, list[dict]]) -> list[dict]:
                     "job": choice.split("=")[1],
                     "segments": int(r.get("remat/segments", 0)),
                     "peak_MiB": mib(r["mem/peak_bytes"]),
-                    "peak/base": str(peak),
+                    "peak/base": "1" if is_base else str(peak),
                     "step_s": r["speed/step_time_s_p50"],
-                    "time/base": str(time),
+                    "time/base": "1" if is_base else str(time),
                     "hw/model_flops": r["speed/hardware_flops_per_step"]
                     / r["speed/flops_per_step"],
                     "measured/estimate": r["mem/measured_over_estimate"],

@@ -12,7 +12,7 @@ verdict is on the single ratio.
 
 from typing import NamedTuple
 
-from runner.core.bootstrap import median, ratio_interval
+from runner.core.bootstrap import median, ratio_interval, within_noise
 
 OK, NOISE, MISSED = "ok", "met only within noise", "MISSED"
 
@@ -32,7 +32,8 @@ class Ratio(NamedTuple):
         if self.interval is None:
             return f"{self.value:.3f}"
         lo, hi = self.interval
-        return f"{self.value:.3f} [{lo:.3f}, {hi:.3f}]"
+        within = " within noise" if within_noise(self.interval) else ""
+        return f"{self.value:.3f} [{lo:.3f}, {hi:.3f}]{within}"
 
 
 def ratio(job: list[dict], base: list[dict], key: str) -> Ratio:
@@ -67,8 +68,9 @@ def note(repeats: int) -> str:
         )
     return (
         f"[lo, hi]: 95% bootstrap interval of the ratio of medians over {repeats} interleaved "
-        "rounds (each round's two runs resampled together); verdicts on hi, the far end: "
-        f"'{NOISE}' where the median meets the target and hi does not."
+        "rounds (each round's two runs resampled together); 'within noise': it holds 1; "
+        f"verdicts on hi, the far end: '{NOISE}' where the median meets the target and hi "
+        "does not."
     )
 
 
