@@ -8,7 +8,7 @@ import re
 import pytest
 
 import runner.bench
-from runner.bench import gpu_check
+from runner.bench import gpu_check, noise
 from runner.bench import layers as layers_bench
 from tests.conftest import NO_MODEL, TINY, TINY_DATA
 from tests.test_telemetry import HAS_GPU
@@ -201,3 +201,64 @@ def test_attention_bench_prints_pairs_verdict_and_longest_sequences(capsys, monk
     assert attention_budget.longest(lambda s: s <= 1000, 128, 128, 16384) == 896
     assert attention_budget.longest(lambda s: s <= 100, 128, 128, 16384) == 0
     assert attention_budget.longest(lambda s: True, 128, 128, 1000) == 512
+
+
+@pytest.mark.slow
+def test_checkpointing_bench_interleaves_its_repeats_and_prints_intervals(
+    capsys, monkeypatch, store
+):
+    # One group at a tiny size, 2 repeats: the jobs ran in rounds (every job once, then every
+    # job again: the order of their runs' start times in MLflow), and each ratio is printed as
+    # `ratio [lo, hi]`, the paired bootstrap of the repeats returned, under a note saying what
+    # the brackets are.
+    from mlflow import MlflowClient
+
+    from runner.bench import checkpointing
+
+    _jobs_in_this_process(monkeypatch)
+    tiny = ["model.h=16", "model.heads=2", "data.seq_len=8", "data.vocab_size=16"]
+    tiny += [*TINY_DATA, *NO_MODEL, f"mlflow.tracking_uri={store}"]
+    results = checkpointing.main(["--only", "L2 no XLA", "--repeats", "2", *tiny], steps=2)
+    out = capsys.readouterr().out
+    jobs = ["default L2 no XLA | checkpointing=none", "default L2 no XLA | checkpointing=blocks"]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+    order = [r.info.run_name for r in sorted(runs, key=lambda r: r.info.start_time)]
+    assert order == [f"{job} (repeat {r})" for r in (0, 1) for job in jobs]
+    assert list(results) == jobs and all(len(runs) == 2 for runs in results.values())
+    blocks, none = results[jobs[1]], results[jobs[0]]
+    for key in ("mem/peak_bytes", "speed/step_time_s_p50"):
+        r = noise.ratio(blocks, none, key)
+        printed = str(r)
+        assert re.fullmatch(r"\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\]( within noise)?", printed)
+        assert printed.endswith("within noise") == (r.interval[0] <= 1 <= r.interval[1])
+        assert printed in out.splitlines()[2], out
+    assert re.search(r"target peak <= 0.75: (ok|met only within noise|MISSED)$", out, re.M)
+    assert "95% bootstrap interval of the ratio of medians over 2 interleaved rounds" in out
+
+
+def test_a_verdict_is_taken_on_the_far_end_of_each_interval():
+    # No TensorFlow: a median that meets its target with an interval that does not is only
+    # within noise; without an interval the single ratio decides, as with one run per job.
+    from runner.bench.checkpointing import _verdict
+
+    met, noisy, missed = noise.Ratio(0.69, (0.66, 0.695)), noise.Ratio(0.69, (0.66, 0.72)), 0.71
+    assert noise.verdict([(met, 0.7)]) == "ok"
+    assert str(noisy) == "0.690 [0.660, 0.720]"
+    assert str(noise.Ratio(1.02, (0.9, 1.1))) == "1.020 [0.900, 1.100] within noise"
+    assert noise.verdict([(noisy, 0.7)]) == "met only within noise"
+    assert noise.verdict([(noise.Ratio(0.69), 0.7)]) == "ok"
+    assert noise.verdict([(noise.Ratio(missed, (0.69, 0.73)), 0.7)]) == "MISSED"
+    time = noise.Ratio(1.2, (1.1, 1.3))
+    assert (
+        _verdict((0.7, 1.25), met, time)
+        == "target peak <= 0.7, time <= 1.25: met only within noise"
+    )
+    assert _verdict((0.7, None), met, time) == "target peak <= 0.7: ok"
+
+
+@pytest.mark.parametrize("bad", [["--repeats"], ["--repeats", "0"], ["--repeats", "two"]])
+def test_repeats_must_be_a_whole_number_of_at_least_one(bad):
+    with pytest.raises(SystemExit, match=rf"^error: --repeats {bad[1:] and bad[1] or None}: "):
+        noise.take_repeats(["model.h=16", *bad])
+    assert noise.take_repeats(["--repeats", "3", "model.h=16"]) == (3, ["model.h=16"])

@@ -16,6 +16,8 @@
 
 Targets are checked here, by ratios of figures measured in the same run, not by timed unit
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.
+`--repeats N` (checkpointing, precision_accum, overhead) runs the jobs in N interleaved rounds
+and prints each ratio with its interval, each verdict taken on its far end (noise.py).
 """
 
 import tempfile
@@ -25,7 +27,7 @@ from runner.core.process import in_fresh_process
 from runner.core.text import table
 from runner.core.units import mib
 
-__all__ = ["mib", "run_jobs", "table"]
+__all__ = ["mib", "run_jobs", "run_rounds", "table"]
 
 
 def _run_one(overrides: list[str], config_dir: str | None) -> dict:
@@ -40,14 +42,26 @@ def run_jobs(
     """run(cfg) for each named job, one at a time, each in a fresh process (runner.core.process),
     logged to a throw-away MLflow store; config_dir: a user's config folder, as `python run.py
     --config-dir DIR` adds it."""
-    results = {}
+    return {name: runs[0] for name, runs in run_rounds(jobs, extra, 1, config_dir).items()}
+
+
+def run_rounds(
+    jobs: dict[str, list[str]], extra: list[str], repeats: int, config_dir: str | None = None
+) -> dict[str, list[dict]]:
+    """As run_jobs, `repeats` times, interleaved: round r runs every job once, in order, so that
+    drift in the machine's load hits every job alike (runner/bench/noise.py); per job, its
+    repeats' results in round order. Overrides in `extra` win over the throw-away store's
+    (`mlflow.tracking_uri=...` keeps the runs)."""
+    results: dict[str, list[dict]] = {name: [] for name in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         common = [
             f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
             "mlflow.experiment=bench",
             "trainer.progress=false",
         ]
-        for name, overrides in jobs.items():
-            job = overrides + extra + common + [f"mlflow.run_name='{name}'"]
-            results[name] = in_fresh_process(_run_one, job, config_dir)
+        for r in range(repeats):
+            for name, overrides in jobs.items():
+                label = name if repeats == 1 else f"{name} (repeat {r})"
+                job = common + overrides + extra + [f"mlflow.run_name='{label}'"]
+                results[name].append(in_fresh_process(_run_one, job, config_dir))
     return results

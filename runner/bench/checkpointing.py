@@ -14,11 +14,15 @@ Groups of jobs, each against its first job (the baseline), with the targets of i
   fp32's peak (16-bit attention keeps 16-bit probabilities);
 - with --unseen: keras.applications models and a U-Net, cut by structure (runner/bench/cuts.py):
   blocks on ResNet50 at 64x64, batch 16 <= 0.7x peak.
+
+With `--repeats N` the jobs run in N interleaved rounds; each ratio is then printed with its
+bootstrap interval and each verdict taken on the interval's far end (runner/bench/noise.py).
 """
 
 from typing import NamedTuple
 
-from runner.bench import mib, run_jobs, table
+from runner.bench import mib, run_rounds, table
+from runner.bench.noise import Ratio, medians, note, ratio, take_repeats, verdict
 
 
 class Group(NamedTuple):
@@ -96,36 +100,39 @@ def _jobs(groups: list[Group], steps: int) -> dict[str, list[str]]:
     }
 
 
-def _verdict(target, peak_ratio: float, time_ratio: float) -> str:
+def _verdict(target, peak: Ratio, time: Ratio) -> str:
+    """The target's verdict, taken on each ratio's far end (runner/bench/noise.py)."""
     if target is None:
         return ""
     peak_target, time_target = target
-    ok = peak_ratio <= peak_target and (time_target is None or time_ratio <= time_target)
+    checks = [(peak, peak_target)] + ([(time, time_target)] if time_target else [])
     wanted = f"peak <= {peak_target}" + (f", time <= {time_target}" if time_target else "")
-    return f"target {wanted}: {'ok' if ok else 'MISSED'}"
+    return f"target {wanted}: {verdict(checks)}"
 
 
-def _rows(groups: list[Group], results: dict[str, dict]) -> list[dict]:
+def _rows(groups: list[Group], results: dict[str, list[dict]]) -> list[dict]:
+    """One row per job: its medians over the repeats, its ratios to the group's baseline."""
     rows = []
     for group in groups:
         base = results[f"{group.name} | {group.baseline}"]
         for choice in (group.baseline, *group.variants):
-            r = results[f"{group.name} | {choice}"]
-            peak_ratio = r["mem/peak_bytes"] / base["mem/peak_bytes"]
-            time_ratio = r["speed/step_time_s_p50"] / base["speed/step_time_s_p50"]
+            runs = results[f"{group.name} | {choice}"]
+            peak, time = (ratio(runs, base, k) for k in ("mem/peak_bytes", "speed/step_time_s_p50"))
+            is_base = choice == group.baseline  # its ratios are 1 by definition
+            r = medians(runs)
             rows.append(
                 {
                     "group": group.name,
                     "job": choice.split("=")[1],
                     "segments": int(r.get("remat/segments", 0)),
                     "peak_MiB": mib(r["mem/peak_bytes"]),
-                    "peak/base": peak_ratio,
+                    "peak/base": "1" if is_base else str(peak),
                     "step_s": r["speed/step_time_s_p50"],
-                    "time/base": time_ratio,
+                    "time/base": "1" if is_base else str(time),
                     "hw/model_flops": r["speed/hardware_flops_per_step"]
                     / r["speed/flops_per_step"],
                     "measured/estimate": r["mem/measured_over_estimate"],
-                    "verdict": _verdict(group.variants.get(choice), peak_ratio, time_ratio),
+                    "verdict": _verdict(group.variants.get(choice), peak, time),
                 }
             )
     return rows
@@ -160,14 +167,17 @@ def _only(extra: list[str]) -> tuple[list[Group], list[str]]:
     return picked or GROUPS, rest
 
 
-def main(extra: list[str], steps: int = 5) -> dict[str, dict] | list[dict]:
-    """`python -m runner.bench checkpointing [--only NAME ...] [overrides...]`, or
-    `... checkpointing --unseen [MODEL ...]`: models without block names (runner/bench/cuts.py)."""
+def main(extra: list[str], steps: int = 5) -> dict[str, list[dict]] | list[dict]:
+    """`python -m runner.bench checkpointing [--only NAME ...] [--repeats N] [overrides...]`, or
+    `... checkpointing --unseen [MODEL ...]`: models without block names (runner/bench/cuts.py).
+    Returns each job's repeats' results, in round order."""
     if extra[:1] == ["--unseen"]:
         from runner.bench import cuts
 
         return cuts.main(extra[1:])
+    repeats, extra = take_repeats(extra)
     groups, extra = _only(extra)
-    results = run_jobs(_jobs(groups, steps), extra)
+    results = run_rounds(_jobs(groups, steps), extra, repeats)
     print(table(_rows(groups, results), COLUMNS))
+    print(note(repeats))
     return results

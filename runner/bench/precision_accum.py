@@ -9,9 +9,13 @@ steps of accum 4: both make the same number of forward-backward passes of 8 exam
 peak is a maximum over passes, and a pass's peak varies with the order in which the graph
 executor's threads run its ops (MobileNetV2, batch 8: ~10 MiB between passes of one run),
 so a job with 4x the passes would otherwise tend to find a higher maximum.
+
+With `--repeats N` the jobs run in N interleaved rounds; each ratio is printed with its
+bootstrap interval and the verdict taken on its far end (runner/bench/noise.py).
 """
 
-from runner.bench import mib, run_jobs, table
+from runner.bench import mib, run_rounds, table
+from runner.bench.noise import medians, note, ratio, take_repeats, verdict
 from runner.techniques.precision import cpu_note
 
 MODELS = {
@@ -42,7 +46,8 @@ def _jobs(steps: int) -> dict[str, list[str]]:
     }
 
 
-def _row(name: str, r: dict) -> dict:
+def _row(name: str, runs: list[dict]) -> dict:
+    r = medians(runs)
     return {
         "job": name,
         "peak_MiB": mib(r["mem/peak_bytes"]),
@@ -54,14 +59,14 @@ def _row(name: str, r: dict) -> dict:
 
 def _accum_line(results: dict, model: str, precision: str) -> str:
     small, acc, big = (results[f"{model} {precision} {s}"] for s in SHAPES)
-    ratio_small = acc["mem/peak_bytes"] / small["mem/peak_bytes"]
-    allowed = 1.15 + acc["mem/estimate/accumulation_bytes"] / small["mem/peak_bytes"]
-    ratio_big = acc["mem/peak_bytes"] / big["mem/peak_bytes"]
-    ok = ratio_small <= allowed and ratio_big <= 0.6
+    ratio_small = ratio(acc, small, "mem/peak_bytes")
+    accumulator = medians(acc)["mem/estimate/accumulation_bytes"]
+    allowed = 1.15 + accumulator / medians(small)["mem/peak_bytes"]
+    ratio_big = ratio(acc, big, "mem/peak_bytes")
     return (
-        f"{model:11s} {precision:5s} peak(b8,accum4)/peak(b8,accum1) = {ratio_small:.2f} "
+        f"{model:11s} {precision:5s} peak(b8,accum4)/peak(b8,accum1) = {ratio_small} "
         f"(target <= {allowed:.2f} incl. accumulator)   peak(b8,accum4)/peak(b32,accum1) = "
-        f"{ratio_big:.2f} (target <= 0.6)   {'ok' if ok else 'MISSED'}"
+        f"{ratio_big} (target <= 0.6)   {verdict([(ratio_small, allowed), (ratio_big, 0.6)])}"
     )
 
 
@@ -69,19 +74,22 @@ def _precision_line(results: dict, model: str) -> str:
     base = results[f"{model} fp32 b8 accum1"]
     parts = []
     for precision in ("mixed", "bf16"):
-        r = results[f"{model} {precision} b8 accum1"]
+        runs = results[f"{model} {precision} b8 accum1"]
+        peak = ratio(runs, base, "mem/peak_bytes")
         parts.append(
-            f"{precision}/fp32 peak {r['mem/peak_bytes'] / base['mem/peak_bytes']:.2f}, "
-            f"step {r['speed/step_time_s_p50'] / base['speed/step_time_s_p50']:.2f}"
+            f"{precision}/fp32 peak {peak}, step {ratio(runs, base, 'speed/step_time_s_p50')}"
         )
     return f"{model:11s} at b8 accum1: " + "; ".join(parts)
 
 
-def main(extra: list[str], steps: int = 6) -> dict[str, dict]:
-    results = run_jobs(_jobs(steps), extra)
+def main(extra: list[str], steps: int = 6) -> dict[str, list[dict]]:
+    """`python -m runner.bench precision_accum [--repeats N] [overrides...]`; returns each
+    job's repeats' results, in round order."""
+    repeats, extra = take_repeats(extra)
+    results = run_rounds(_jobs(steps), extra, repeats)
     print(
         table(
-            [_row(n, r) for n, r in results.items()],
+            [_row(n, runs) for n, runs in results.items()],
             ["job", "peak_MiB", "accumulator_MiB", "step_s", "samples_per_s"],
         )
     )
@@ -92,6 +100,7 @@ def main(extra: list[str], steps: int = 6) -> dict[str, dict]:
     print("\nPrecision (ratios to fp32; a GPU figure is the one that matters, see why below):")
     for model in MODELS:
         print(_precision_line(results, model))
+    print(note(repeats))
     import tensorflow as tf
 
     if not tf.config.list_physical_devices("GPU"):
