@@ -5,6 +5,7 @@ import keras
 import pytest
 import tensorflow as tf
 
+from runner.core.process import in_fresh_process
 from runner.measure import backward, layers
 from runner.techniques.checkpointing import RematInfo
 
@@ -88,14 +89,25 @@ def test_a_depthwise_grouped_convolution_holds_xlas_dense_filter_gradient_at_any
     # Conv2D(64, 7, groups=64) on 4x4x64: Keras runs it under XLA, whose CPU backward builds
     # the filter gradient as a dense 7x7x64x64 convolution and masks it: 2 x 802,816 bytes,
     # the same at batch 1 and 8. The old rule had no such term (its workspace was an output).
-    x = keras.Input((4, 4, 64))
-    model = keras.Model(x, L.Conv2D(64, 7, padding="same", groups=64)(x))
+    model = _grouped()
     buffer = 2 * 7 * 7 * 64 * 64 * 4
     for batch in (1, 8):
         activations, workspace = backward.walk(model, batch, 4, RematInfo())
         assert workspace == buffer + 2 * 4 * 4 * 64 * 4 * batch  # and its gradient pair
-    measured = _peak_over_step(model, tf.random.normal((8, 4, 4, 64)))
+    # A fresh process: in one that ran other tests, the allocator's free chunks held each of
+    # the two 802,816-byte buffers whole (it splits a chunk only at twice the request), and the
+    # peak read 2,824,448 bytes against 1,671,168 estimated (1.69x; alone: within the band).
+    measured = in_fresh_process(_grouped_peak)
     assert 0.9 <= measured / (activations + workspace) <= 1.25
+
+
+def _grouped() -> keras.Model:
+    x = keras.Input((4, 4, 64))
+    return keras.Model(x, L.Conv2D(64, 7, padding="same", groups=64)(x))
+
+
+def _grouped_peak() -> int:
+    return _peak_over_step(_grouped(), tf.random.normal((8, 4, 4, 64)))
 
 
 def test_hard_swish_keeps_its_input_and_two_tensors_its_gradient_reads_as_measured():

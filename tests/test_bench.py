@@ -155,15 +155,16 @@ def test_attention_bench_prints_pairs_verdict_and_longest_sequences(capsys, monk
     # side-by-side jobs run in this process (what is checked is the table and the verdict);
     # the budget's probes run in fresh processes, which alone obey the allocator's limit.
     # At h=16, 4 heads, 1 layer, batch 4, no XLA, under 32 MiB: standard attention fit at 256
-    # tokens and ran out of memory at 512; chunked (block 256) fit at 512 and not at 1,024, so
-    # the search takes both ways and meets a chunked job's out-of-memory error.
+    # tokens and ran out of memory at 512; chunked (block 256) fit at 512 and not at 1,024. From
+    # 512, the search bisects down for standard and doubles up for chunked (4 probes), and
+    # meets a chunked job's out-of-memory error.
     from runner.bench import attention, attention_budget, attention_pairs
 
     _jobs_in_this_process(monkeypatch)
     model = [o for o in TINY["transformer"] if not o.startswith("data.seq_len")]
     tiny = [*model, "model.heads=4", "model.attention_block=256", *TINY_DATA, *NO_MODEL]
     args = ["--only", "side", "--only", "budget", "--repeats", "2", "--steps", "3", "--seq", "64"]
-    args += ["--limit-mib", "32", "--start", "256", "--ceiling", "4096"]
+    args += ["--limit-mib", "32", "--start", "512", "--ceiling", "4096"]
     out = attention.main([*args, *tiny])
     printed = capsys.readouterr().out
     side = out["side"]

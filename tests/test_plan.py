@@ -144,8 +144,10 @@ def test_the_plan_predicts_what_the_run_estimates_and_names_the_cheapest_fit(sto
     first = stdout.splitlines()[0]
     assert first.startswith(
         f"cheapest that fits: precision={best['precision']} checkpointing="
-        f"{best['checkpointing']} data.batch_size={best['micro_batch']} accum={best['accum']}"
+        f"{best['checkpointing']} model.attention={best['attention']} "
+        f"data.batch_size={best['micro_batch']} accum={best['accum']}"
     )
+    assert {r["attention"] for r in rows} == {"standard"}  # plan.attention's default
     base = next(r for r in rows if (r["precision"], r["checkpointing"]) == ("fp32", "none"))
     assert float(base["time_ratio"]) == 1.0
     blocks = next(r for r in rows if (r["precision"], r["checkpointing"]) == ("fp32", "blocks"))
