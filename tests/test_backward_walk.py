@@ -121,4 +121,6 @@ def test_hard_swish_keeps_its_input_and_two_tensors_its_gradient_reads_as_measur
     estimated = [sum(backward.walk(chains[d], 8, 4, RematInfo())) for d in (2, 6)]
     per_layer = (estimated[1] - estimated[0]) / 4
     assert per_layer == 3 * tensor
-    assert 0.9 <= measured / per_layer <= 1.1
+    # 0.85-1.25 as the GELU chain's: in a suite worker the allocator's chunks read 1.114
+    # (876,160 bytes a layer); the old rule's one tensor reads 3x.
+    assert 0.85 <= measured / per_layer <= 1.25
