@@ -27,10 +27,11 @@ most of what the later layers kept (DenseNet121 under checkpointing=blocks).
 """
 
 import math
+from dataclasses import dataclass
 
 import keras
 
-from runner.measure import layers
+from runner.measure import conv_scratch, layers
 from runner.techniques.checkpointing import RematInfo
 
 
@@ -74,6 +75,49 @@ def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     """(activations kept at the peak; workspace then: the running operation's and the
     gradients waiting at skip connections) in bytes, at micro-batch b and p bytes per
     16-bit-policy element (float32 layers keep 4)."""
+    held, transient, _ = walk_step(model, b, p, remat, Executor())
+    return held, transient
+
+
+@dataclass(frozen=True)
+class Executor:
+    """How TensorFlow's executor runs this step, beyond the layers' own rules.
+
+    slots: weight-gradient updates running at once during the backward pass, in a step that
+    applies them as they come (runner/techniques/accumulation.py's accum=1 step: a
+    variable's update starts as soon as its gradient exists); the executor's inter-op
+    threads; 0: gradients not modelled here. per_byte: bytes an update holds per byte of its
+    float32 gradient, the gradient included.
+    conv_threads: the intra-op threads of the CPU convolution kernels whose im2col buffers
+    runner/measure/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU)."""
+
+    slots: int = 0
+    per_byte: float = 1.0
+    conv_threads: int = 0
+
+
+def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
+    """Each layer's float32 weight gradient, born at its backward, held with its update's
+    temporaries until `slots` later weight gradients have been born (the update then done);
+    the last `slots` are still updating when the backward ends (position 0)."""
+    timeline = _Timeline(n)
+    if not executor.slots:
+        return timeline
+    born = [
+        (i, sum(math.prod(v.shape) for v in op.trainable_weights) * 4)
+        for i, op, _, _ in reversed(ops)
+        if getattr(op, "trainable_weights", None)
+    ]
+    for k, (i, nbytes) in enumerate(born):
+        later = k + executor.slots
+        done = born[later][0] + 1 if later < len(born) else 0
+        timeline.add(done, i, int(nbytes * executor.per_byte))
+    return timeline
+
+
+def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tuple[int, int, int]:
+    """As walk, with the weight gradients in flight (Executor) in the peak's choice: (activations
+    kept, workspace, gradients and their updates' temporaries) at the peak."""
     ops, consumers, elements = _graph(model)
     n = len(ops)
     half = p < 4
@@ -130,11 +174,16 @@ def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
         kept.add(i, last_alive(i, op), own)
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op)))
+        if executor.conv_threads:
+            grad_in = any(t in producer for t in ins)  # not a model input
+            threads = executor.conv_threads
+            work.add(i, i, conv_scratch.scratch_bytes(op, b, width(op), grad_in, threads))
         work.add(weight_gradient_ends(i), i - 1, size * width(op))  # its output gradient
         for t in outs:
             readers_of_t = consumers.get(t, [])
             if len(readers_of_t) > 1:
                 work.add(i + 1, max(readers_of_t) - 1, elements[t] * b * width(op))
     held, transient = kept.values(), work.values()
-    peak = max(range(n), key=lambda i: held[i] + transient[i])
-    return held[peak], transient[peak]
+    grads = _in_flight(ops, n, executor).values()
+    peak = max(range(n), key=lambda i: held[i] + transient[i] + grads[i])
+    return held[peak], transient[peak], grads[peak]

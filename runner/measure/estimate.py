@@ -8,12 +8,13 @@ framework adds or fuses.
 """
 
 import math
+import os
 
 import keras
 import tensorflow as tf
 
 from models.common import is_graph
-from runner.measure import backward, chunked, xla_memory
+from runner.measure import backward, chunked, conv_scratch, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo, segment_length
 
@@ -179,15 +180,47 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
 INPUT_MICRO_BATCHES = 4
 
 
-def _graph_activations(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
-    """(activations, workspace) of a functional model at the peak of its step, from the
-    backward walk (runner/measure/backward.py): the tensors the backward pass still keeps
-    then, by runner/measure/layers.py's rules, with the input micro-batches the pipeline
-    holds; and what the running operation's backward and the gradients waiting at skip
-    connections hold. XLA fuses further."""
-    kept, workspace = backward.walk(model, b, p, remat)
+# Float32 buffers of its variable's size an optimizer's update holds beside the gradient, by
+# class. Keras's Adam computes (g - m) * (1 - beta_1) and (g^2 - v) * (1 - beta_2) for its
+# slots, then m * alpha and sqrt(v) + epsilon for the variable (keras/src/optimizers/adam.py):
+# two buffers at a time, each product written over its operand. **Measured** (peak above the
+# resting state of a step on a Dense stack whose 16 MiB kernels dominate, batch 1, this CPU):
+# with one inter-op thread the peak was the gradient and 2 such buffers for Adam, 2 for SGD
+# (its g * lr, and a copy of the variable the executor makes to update it while a read of it
+# is still alive), 4 for AdamW (its decay, var * wd * lr, first); with two threads, two
+# variables' updates were in flight at once (Adam: 6 buffers, SGD 3-5, AdamW 6-7).
+UPDATE_BUFFERS = {"Adam": 2, "SGD": 2, "AdamW": 4}
+
+
+def _executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
+    """How the executor runs a graph model's step (backward.Executor). Weight gradients are
+    applied as they come by as many updates at once as it has inter-op threads, in an accum=1
+    step; accumulating steps add each gradient into its sum (then one update from the sums, in
+    a call of its own), and a loss-scaled step waits for every gradient to check it: their
+    gradients are counted whole (_gradient_bytes), not here. Convolutions take
+    conv_scratch's buffers on a CPU without XLA or oneDNN."""
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+    whole = cfg.accum > 1 or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    slots = 0 if whole else threads
+    per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
+    on_cpu = not tf.config.list_logical_devices("GPU")
+    conv = on_cpu and not cpu_xla and not conv_scratch.onednn()
+    intra = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count() or 1
+    return backward.Executor(slots, per_byte, intra if conv else 0)
+
+
+def _graph_activations(
+    model, b: int, p: int, remat: RematInfo, executor: backward.Executor
+) -> tuple[int, int, int]:
+    """(activations, workspace, gradients in flight) of a functional model at the peak of its
+    step, from the backward walk (runner/measure/backward.py): the tensors the backward pass
+    still keeps then, by runner/measure/layers.py's rules, with the input micro-batches the
+    pipeline holds; what the running operation's backward and the gradients waiting at skip
+    connections hold (with a convolution's buffers); and the weight gradients still being
+    applied (0 unless `executor` models them). XLA fuses further."""
+    kept, workspace, grads = backward.walk_step(model, b, p, remat, executor)
     elements = sum(math.prod(t.shape[1:]) for t in model.inputs)
-    return kept + INPUT_MICRO_BATCHES * b * elements * 4, workspace
+    return kept + INPUT_MICRO_BATCHES * b * elements * 4, workspace, grads
 
 
 def estimate_memory(
@@ -207,6 +240,7 @@ def estimate_memory(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
+    gradients = _gradient_bytes(trainable, optimizer, cfg, transformer_xla)
     if not_modelled(cfg, model):  # a subclassed model's insides
         activations, workspace = None, None
     elif transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
@@ -216,14 +250,17 @@ def estimate_memory(
     elif cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
     else:
-        activations, workspace = _graph_activations(
-            model, cfg.data.batch_size, p, remat or RematInfo()
+        executor = _executor(optimizer, cfg, cpu_xla)
+        activations, workspace, in_flight = _graph_activations(
+            model, cfg.data.batch_size, p, remat or RematInfo(), executor
         )
+        if executor.slots:  # the gradients alive at the peak, not all of them
+            gradients = in_flight
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     parts = {
         "params": _nbytes(model.weights),
-        "gradients": _gradient_bytes(trainable, optimizer, cfg, transformer_xla),
+        "gradients": gradients,
         # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
         # whose variables include the inner optimizer's) is counted as it is.
         "optimizer": _nbytes(optimizer.variables),
