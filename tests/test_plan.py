@@ -269,7 +269,15 @@ def test_accum_auto_fits_a_user_unet_in_the_budget_with_its_techniques_held(
     budget = 24
     examples = REPO / "examples"
     pythonpath = os.pathsep.join(filter(None, [str(examples), os.environ.get("PYTHONPATH")]))
-    env = {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(budget), "PYTHONPATH": pythonpath}
+    # oneDNN's convolution kernels, on any CPU: TensorFlow's own CPU kernels take im2col
+    # buffers of up to 30 MiB whatever the batch (runner/measure/conv_scratch.py), and these
+    # sizes were measured under oneDNN's, the default on CPUs with AVX512_VNNI or AMX (without
+    # them this job peaks at 28.7 MiB at micro-batch 1, above any budget that splits 256).
+    env = {
+        "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(budget),
+        "PYTHONPATH": pythonpath,
+        "TF_ENABLE_ONEDNN_OPTS": "1",
+    }
     technique = [
         "precision=bf16",
         "checkpointing=blocks",
@@ -328,6 +336,7 @@ def test_accum_auto_fits_a_user_unet_in_the_budget_with_its_techniques_held(
     # ... and twice the micro-batch is not: checked by a probe of its own.
     monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", str(budget))
     monkeypatch.setenv("PYTHONPATH", pythonpath)  # the probe's process imports my_models
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
     monkeypatch.syspath_prepend(str(examples))
     cfg = compose_config(job, str(examples / "conf"))
     twice = probe(cfg, 2 * b, max(1, 256 // (2 * b)))

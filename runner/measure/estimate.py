@@ -184,12 +184,13 @@ INPUT_MICRO_BATCHES = 4
 # class. Keras's Adam computes (g - m) * (1 - beta_1) and (g^2 - v) * (1 - beta_2) for its
 # slots, then m * alpha and sqrt(v) + epsilon for the variable (keras/src/optimizers/adam.py):
 # two buffers at a time, each product written over its operand. **Measured** (peak above the
-# resting state of a step on a Dense stack whose 16 MiB kernels dominate, batch 1, this CPU):
-# with one inter-op thread the peak was the gradient and 2 such buffers for Adam, 2 for SGD
-# (its g * lr, and a copy of the variable the executor makes to update it while a read of it
-# is still alive), 4 for AdamW (its decay, var * wd * lr, first); with two threads, two
-# variables' updates were in flight at once (Adam: 6 buffers, SGD 3-5, AdamW 6-7).
-UPDATE_BUFFERS = {"Adam": 2, "SGD": 2, "AdamW": 4}
+# resting state of a step on a Dense stack whose 16 MiB kernels dominate, batch 1, the
+# allocator's pool grown first, this CPU): with one inter-op thread the peak was the gradient
+# and 2 such buffers for Adam, 2 for SGD (its g * lr, and a copy of the variable the executor
+# makes to update it while a read of it is alive), 3 for AdamW (its decay, var * wd * lr,
+# first); with two threads two updates overlapped, fully or in part (Adam 64-96 MiB, SGD
+# 48-80, AdamW 96-112): the rule is their bound.
+UPDATE_BUFFERS = {"Adam": 2, "SGD": 2, "AdamW": 3}
 
 
 def _executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:

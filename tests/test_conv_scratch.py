@@ -1,0 +1,106 @@
+"""The backward walk's two executor rules (runner/measure/backward.py Executor), each against
+the allocator's measured peak of a step in a fresh process that pins what they depend on:
+- TensorFlow's own CPU convolution kernels (TF_ENABLE_ONEDNN_OPTS=0) take im2col buffers
+  sized to a 30 MiB working set, whatever the batch (runner/measure/conv_scratch.py);
+- weight gradients are applied as they come, by as many updates at once as the executor has
+  inter-op threads (2 here), each holding its gradient and Adam's two buffers.
+Without either rule the estimate misses most of the step: the convolutions' tensors are under
+1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+SCRIPT = r"""
+import json, os, sys
+os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+import tensorflow as tf
+tf.config.threading.set_inter_op_parallelism_threads(2)
+import keras
+from runner.measure import backward, conv_scratch
+from runner.techniques.checkpointing import RematInfo
+
+def step_peak(model, x, y, optimizer):
+    variables = model.trainable_variables
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if optimizer is not None:
+        optimizer.build(variables)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, variables)
+        if optimizer is None:  # each gradient consumed at once: none is held
+            return tf.add_n([tf.reduce_sum(g) for g in grads])
+        # as runner/techniques/accumulation.py's update: the check reads every gradient
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        optimizer.apply(grads, variables)
+        return loss + tf.cast(finite, loss.dtype) * 0
+
+    step(x, y)
+    peaks = []
+    for _ in range(3):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        step(x, y).numpy()
+        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
+    return min(peaks)
+
+# Grow the allocator's pool first, as the runner does (runner/measure/telemetry.py): a request
+# that grows it is otherwise served from a whole new region (23 MiB asked, 32 MiB in use).
+pool = tf.zeros((256 * 2**20 // 4,))
+del pool
+out = {"onednn": conv_scratch.onednn()}
+inp = keras.Input((51, 51, 3))
+h = keras.layers.Conv2D(32, 3, strides=2, padding="same")(inp)
+h = keras.layers.Conv2D(64, 3, padding="same")(h)
+cnn = keras.Model(inp, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+b = 3
+x, y = tf.random.normal((b, 51, 51, 3)), tf.zeros((b,), tf.int32)
+out["cnn"] = step_peak(cnn, x, y, None)
+threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
+for name, executor in [("cnn_rule", backward.Executor(conv_threads=threads)),
+                       ("cnn_without", backward.Executor())]:
+    kept, work, _ = backward.walk_step(cnn, b, 4, RematInfo(), executor)
+    out[name] = kept + work
+
+inp = keras.Input((192,))
+h = keras.layers.Dense(2048, activation="relu")(inp)
+h = keras.layers.Dense(2048, activation="relu")(h)
+h = keras.layers.Dense(2048, activation="relu")(h)
+mlp = keras.Model(inp, keras.layers.Dense(10)(h))
+x, y = tf.random.normal((1, 192)), tf.zeros((1,), tf.int32)
+out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3))
+out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
+kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(2, 3))
+out["mlp_rule"] = kept + work + grads
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_the_executor_rules_hold_the_measured_step():
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    r = json.loads(line[len("RESULT ") :])
+    assert r["onednn"] is False  # the switch conv_scratch reads follows the variable
+    # The convolutions: the scratch is most of the step, and the rule holds it. Each filter
+    # gradient's buffer is counted during its own backward; in one run of four the executor
+    # ran the two filter gradients at once (13.5 + 23.0 MiB: 1.45x the rule, as the U-Net's
+    # and MobileNet's runs never did: 1.00 at 5 micro-batches), so the bound is 1.5.
+    assert r["cnn"] > 4 * r["cnn_without"], r
+    assert 0.85 <= r["cnn"] / r["cnn_rule"] <= 1.5, r
+    # The Dense stack: two 16 MiB kernels update at once, each with its gradient and two
+    # buffers (96 MiB), where all gradients at once would be 34 MiB. How far the two updates
+    # overlap is the executor's choice: 80-96 MiB were measured in runs of this test, and
+    # 64 MiB in a step like it, so the rule is held as the bound it is.
+    assert r["mlp"] > 1.8 * r["mlp_grads"], r
+    assert 0.6 <= r["mlp"] / r["mlp_rule"] <= 1.05, r
