@@ -93,11 +93,12 @@ def test_the_executor_rules_hold_the_measured_step():
     r = json.loads(line[len("RESULT ") :])
     assert r["onednn"] is False  # the switch conv_scratch reads follows the variable
     # The convolutions: the scratch is most of the step, and the rule holds it. Each filter
-    # gradient's buffer is counted during its own backward; in one run of four the executor
-    # ran the two filter gradients at once (13.5 + 23.0 MiB: 1.45x the rule, as the U-Net's
-    # and MobileNet's runs never did: 1.00 at 5 micro-batches), so the bound is 1.5.
+    # gradient's buffer is counted during its own backward; in some runs the executor ran the
+    # two filter gradients at once (13.5 + 23.0 MiB: 1.45-1.52x the rule, more often beside
+    # other tests), as the U-Net's and MobileNet's runs never did (1.00 at 5 micro-batches):
+    # the bound is 1.6. Without the rule the ratio is above 20.
     assert r["cnn"] > 4 * r["cnn_without"], r
-    assert 0.85 <= r["cnn"] / r["cnn_rule"] <= 1.5, r
+    assert 0.85 <= r["cnn"] / r["cnn_rule"] <= 1.6, r
     # The Dense stack: two 16 MiB kernels update at once, each with its gradient and two
     # buffers (96 MiB), where all gradients at once would be 34 MiB. How far the two updates
     # overlap is the executor's choice: 80-96 MiB were measured in runs of this test, and

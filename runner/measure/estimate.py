@@ -205,9 +205,7 @@ def _executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     slots = 0 if whole else threads
     per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
     on_cpu = not tf.config.list_logical_devices("GPU")
-    # oneDNN has no float16 convolutions here: float16 takes TensorFlow's own kernels anyway
-    float16 = cfg.precision.policy == "mixed_float16"
-    conv = on_cpu and not cpu_xla and (float16 or not conv_scratch.onednn())
+    conv = on_cpu and not cpu_xla and not conv_scratch.onednn_convolutions(cfg.precision.policy)
     intra = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count() or 1
     return backward.Executor(slots, per_byte, intra if conv else 0)
 
