@@ -35,3 +35,8 @@ def cpu_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
+
+
+def cpu_has_bf16() -> bool:
+    """AVX512_BF16 or AMX: the CPU instructions for native bfloat16 math."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())

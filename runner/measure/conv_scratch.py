@@ -24,8 +24,9 @@ depends on what was freed before and is not modelled.
 """
 
 import math
+import os
 
-from runner.core.machine import cpu_flags
+from runner.core.machine import cpu_has_bf16
 
 WORKING_SET = 30 * 2**20  # bytes: the kernels' assumed L3 size
 L2 = 256 * 2**10  # bytes: the input kernel's per-thread threshold
@@ -38,8 +39,6 @@ def onednn() -> bool:
     try:
         from tensorflow.python.util import _pywrap_util_port  # not a public API
     except ImportError:
-        import os
-
         return os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1"
     return bool(_pywrap_util_port.IsMklEnabled())
 
@@ -51,11 +50,7 @@ def onednn_convolutions(policy: str) -> bool:
     at 16 px, batch 64, peaked at 75.0 MiB in bfloat16 against 9.3 in float32)."""
     if not onednn() or policy == "mixed_float16":
         return False
-    return policy != "mixed_bfloat16" or bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-def _shard(work_unit: int, width: int) -> int:
-    return math.ceil(WORKING_SET / width / work_unit)
+    return policy != "mixed_bfloat16" or cpu_has_bf16()
 
 
 def scratch_bytes(op, batch: int, width: int, input_gradient: bool, threads: int) -> int:
@@ -70,9 +65,10 @@ def scratch_bytes(op, batch: int, width: int, input_gradient: bool, threads: int
     filter_total = math.prod(kernel.shape[:-1])
     cout = kernel.shape[-1]
     work = out_pixels * filter_total + out_pixels * cout + filter_total * cout
-    column = out_pixels * filter_total
-    nbytes = _shard(work, width) * column * width  # the filter gradient's
+    column = out_pixels * filter_total * width  # bytes of one image's im2col
+    shard = math.ceil(WORKING_SET / width / work)
+    nbytes = shard * column  # the filter gradient's
     if input_gradient:
         parallel = batch == 1 or work // max(threads, 1) >= L2 // width
-        nbytes += (1 if parallel else _shard(work, width)) * column * width
+        nbytes += (1 if parallel else shard) * column
     return nbytes

@@ -200,14 +200,19 @@ def _executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     a call of its own), and a loss-scaled step waits for every gradient to check it: their
     gradients are counted whole (_gradient_bytes), not here. Convolutions take
     conv_scratch's buffers on a CPU without XLA or oneDNN."""
-    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+    threading = tf.config.threading
     whole = cfg.accum > 1 or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    slots = 0 if whole else threads
+    slots = 0 if whole else _threads(threading.get_inter_op_parallelism_threads())
     per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
     on_cpu = not tf.config.list_logical_devices("GPU")
     conv = on_cpu and not cpu_xla and not conv_scratch.onednn_convolutions(cfg.precision.policy)
-    intra = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count() or 1
-    return backward.Executor(slots, per_byte, intra if conv else 0)
+    intra = _threads(threading.get_intra_op_parallelism_threads()) if conv else 0
+    return backward.Executor(slots, per_byte, intra)
+
+
+def _threads(setting: int) -> int:
+    """A TensorFlow thread-pool setting as the threads it runs: 0 means one per core."""
+    return setting or os.cpu_count() or 1
 
 
 def _graph_activations(

@@ -5,12 +5,7 @@ import contextlib
 import keras
 from omegaconf import DictConfig
 
-from runner.core.machine import cpu_flags
-
-
-def _cpu_has_bf16() -> bool:
-    """AVX512_BF16 or AMX: the CPU instructions for native bfloat16 math."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+from runner.core.machine import cpu_has_bf16
 
 
 def cpu_note(policy: str) -> str | None:
@@ -26,7 +21,7 @@ def cpu_note(policy: str) -> str | None:
             "its float32 copies raised the peak 1.23-1.26x. Its memory gain is a GPU figure."
         )
     if policy == "mixed_bfloat16":
-        native = "has" if _cpu_has_bf16() else "lacks"
+        native = "has" if cpu_has_bf16() else "lacks"
         return (
             f"precision=bf16 on a CPU (this one {native} AVX512_BF16/AMX): without XLA it "
             "saved 24% of MobileNetV2's peak at 1.26x the step time; under XLA it is computed "
