@@ -3,7 +3,9 @@ the allocator's measured peak of a step in a fresh process that pins what they d
 - TensorFlow's own CPU convolution kernels (TF_ENABLE_ONEDNN_OPTS=0) take im2col buffers
   sized to a 30 MiB working set, whatever the batch (runner/measure/conv_scratch.py);
 - weight gradients are applied as they come, by as many updates at once as the executor has
-  inter-op threads (2 here), each holding its gradient and Adam's two buffers.
+  inter-op threads (2 here), each holding its gradient and Adam's two buffers; in an
+  accumulating step's micro-batch each is added into its sum as it comes (one at a time), and
+  the update's own call holds as many updates' buffers (runner/measure/estimate.py _update_call_bytes).
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
 1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
 
@@ -20,7 +22,8 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
-from runner.measure import backward, conv_scratch
+from runner.measure import backward, conv_scratch, estimate
+from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
 
 def step_peak(model, x, y, optimizer):
@@ -50,6 +53,27 @@ def step_peak(model, x, y, optimizer):
         peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
     return min(peaks)
 
+# (micro-batch call's peak, update call's peak) of accumulation.py's step at accum=2: its two
+# compiled calls, taken from the step's closure, each measured apart.
+def accumulating_peaks(model, x, y, optimizer):
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer.build(model.trainable_variables)
+    step = accumulation.make_train_step(model, optimizer, loss_fn, 2, False)
+    step(iter([(x, y)] * 2))
+    calls = dict(zip(step.__code__.co_freevars, (c.cell_contents for c in step.__closure__)))
+    micro, update = [], []
+    for _ in range(3):
+        for first in calls["firsts"]:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
+            calls["add_micro_batch"](x, y, first).numpy()
+            micro.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        calls["apply_sum"]([tf.constant(0.0)] * 2)[0].numpy()
+        update.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
+    return min(micro), min(update)
+
 # Grow the allocator's pool first, as the runner does (runner/measure/telemetry.py): a request
 # that grows it is otherwise served from a whole new region (23 MiB asked, 32 MiB in use).
 pool = tf.zeros((256 * 2**20 // 4,))
@@ -78,6 +102,13 @@ out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3))
 out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
 kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(2, 3))
 out["mlp_rule"] = kept + work + grads
+# The same stack in an accumulating step: each gradient added into its sum as it comes, then
+# the update's call.
+adam = keras.optimizers.Adam(1e-3)
+out["micro"], out["update"] = accumulating_peaks(mlp, x, y, adam)
+kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(1, 1))
+out["micro_rule"] = kept + work + grads
+out["update_rule"] = estimate._update_call_bytes(mlp.trainable_variables, adam, 2)
 print("RESULT " + json.dumps(out))
 """
 
@@ -105,3 +136,9 @@ def test_the_executor_rules_hold_the_measured_step():
     # 64 MiB in a step like it, so the rule is held as the bound it is.
     assert r["mlp"] > 1.8 * r["mlp_grads"], r
     assert 0.6 <= r["mlp"] / r["mlp_rule"] <= 1.05, r
+    # Accumulating: a micro-batch holds one gradient at a time (16 MiB; measured 17.5 MiB in
+    # all), not all of them nor their update's buffers. The update's call: two updates' buffers
+    # at most (96 MiB); 64 MiB here, 72-96 MiB on a stack of four such kernels: a bound, as
+    # the accum=1 step's.
+    assert 0.85 <= r["micro"] / r["micro_rule"] <= 1.1, r
+    assert 0.6 <= r["update"] / r["update_rule"] <= 1.05, r

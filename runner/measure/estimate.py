@@ -194,20 +194,43 @@ UPDATE_BUFFERS = {"Adam": 2, "SGD": 2, "AdamW": 3}
 
 
 def _executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
-    """How the executor runs a graph model's step (backward.Executor). Weight gradients are
-    applied as they come by as many updates at once as it has inter-op threads, in an accum=1
-    step; accumulating steps add each gradient into its sum (then one update from the sums, in
-    a call of its own), and a loss-scaled step waits for every gradient to check it: their
-    gradients are counted whole (_gradient_bytes), not here. Convolutions take
+    """How the executor runs a graph model's step (backward.Executor). In an accum=1 step,
+    weight gradients are applied as they come by as many updates at once as it has inter-op
+    threads, each holding its gradient and its update's buffers (UPDATE_BUFFERS). In a
+    micro-batch of an accumulating step each gradient is added in place into its float32 sum
+    as it comes (runner/techniques/accumulation.py: one assign_add, no buffer of its own) and
+    dies there: one at a time (measured: 17.5 MiB on a stack of 16 MiB kernels,
+    tests/test_conv_scratch.py). A loss-scaled accum=1 step waits for every gradient to check
+    it: its gradients are counted whole (_gradient_bytes), not here. Convolutions take
     conv_scratch's buffers on a CPU without XLA or oneDNN."""
     threading = tf.config.threading
-    whole = cfg.accum > 1 or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    slots = 0 if whole else _threads(threading.get_inter_op_parallelism_threads())
-    per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if cfg.accum > 1:
+        slots, per_byte = 1, 1.0
+    else:
+        slots = 0 if scaled else _threads(threading.get_inter_op_parallelism_threads())
+        per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
     on_cpu = not tf.config.list_logical_devices("GPU")
     conv = on_cpu and not cpu_xla and not conv_scratch.onednn_convolutions(cfg.precision.policy)
     intra = _threads(threading.get_intra_op_parallelism_threads()) if conv else 0
     return backward.Executor(slots, per_byte, intra)
+
+
+def _update_call_bytes(trainable, optimizer, slots: int) -> int:
+    """What an accumulating step's update call (accumulation.py's apply_sum: the sums read in
+    place, then optimizer.apply) holds above the weights, slots and sums: `slots` updates at
+    once, the largest variables' at worst, each holding as many buffers of its variable's size
+    as an accum=1 update holds with its gradient (1 + UPDATE_BUFFERS: the sum is read in place,
+    and Adam's two slot updates then overlap). **Measured** on the Dense stack of
+    UPDATE_BUFFERS' note (16 MiB kernels, 2 inter-op threads): +72-96 MiB in that call, the
+    rule 96; keras MobileNet at 53 px: +15-17 MiB, the rule 18. A loss-scaled step first
+    divides every sum by the scale, and those float32 quotients are all alive before the
+    update, which frees each as it consumes it: the call holds them or the buffers, whichever
+    is more (measured on the same stack in float16: +64-72 MiB, quotients 64)."""
+    largest = sorted((math.prod(v.shape) * 4 for v in trainable), reverse=True)[:slots]
+    buffers = (1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)) * sum(largest)
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    return max(buffers, _float32_bytes(trainable) if scaled else 0)
 
 
 def _threads(setting: int) -> int:
@@ -225,8 +248,12 @@ def _graph_activations(
     connections hold (with a convolution's buffers); and the weight gradients still being
     applied (0 unless `executor` models them). XLA fuses further."""
     kept, workspace, grads = backward.walk_step(model, b, p, remat, executor)
-    elements = sum(math.prod(t.shape[1:]) for t in model.inputs)
-    return kept + INPUT_MICRO_BATCHES * b * elements * 4, workspace, grads
+    return kept + _inputs_bytes(model, b), workspace, grads
+
+
+def _inputs_bytes(model, b: int) -> int:
+    """The input micro-batches the pipeline holds (INPUT_MICRO_BATCHES), in float32."""
+    return INPUT_MICRO_BATCHES * b * sum(math.prod(t.shape[1:]) for t in model.inputs) * 4
 
 
 def estimate_memory(
@@ -262,6 +289,12 @@ def estimate_memory(
         )
         if executor.slots:  # the gradients alive at the peak, not all of them
             gradients = in_flight
+        if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
+            threads = _threads(tf.config.threading.get_inter_op_parallelism_threads())
+            update = _update_call_bytes(trainable, optimizer, threads)
+            inputs = _inputs_bytes(model, cfg.data.batch_size)  # all that is alive beside it
+            if update + inputs > activations + workspace + gradients:
+                activations, workspace, gradients = inputs, 0, update
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     parts = {
