@@ -78,9 +78,14 @@ class Line:
     accumulation: float
     per_sample: float | None  # None: activations not modelled (a subclassed model): probe
     parts: dict = field(default_factory=dict)
+    # The estimate itself at these micro-batches (b: bytes above fixed and the sum), where it
+    # is not linear in b: a convolution's im2col buffer grows with b up to its working set,
+    # then stays (runner/measure/conv_scratch.py).
+    points: dict = field(default_factory=dict)
 
     def peak(self, b: int, accum: int) -> float:
-        return self.fixed + (self.accumulation if accum > 1 else 0.0) + b * self.per_sample
+        grows = self.points[b] if b in self.points else b * self.per_sample
+        return self.fixed + (self.accumulation if accum > 1 else 0.0) + grows
 
     def largest_fit(self, effective: int, usable: float) -> int | None:
         """The largest divisor b of the effective batch whose peak is within `usable`."""
@@ -128,6 +133,16 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     # What does not grow with the micro-batch (a grouped convolution's XLA buffer) stays.
     fixed["workspace"] = max(0, one_batch - per_sample)
     line = Line(sum(fixed.values()), two["accumulation"], per_sample, fixed)
+    with precision.policy(cfg.precision):  # the estimate at each micro-batch the plan weighs
+        for b in divisors(effective):
+            k = effective // b
+            at = estimate.estimate_memory(
+                built, optimizer, with_batch(cfg, b, k), spec, cpu_xla, remat
+            )
+            line.points[b] = at["total"] - at["accumulation"] - line.fixed
+    if len(line.points) > 1:  # the slope where the plan's large micro-batches are
+        (b1, p1), (b2, p2) = sorted(line.points.items())[-2:]
+        line.per_sample = (p2 - p1) / (b2 - b1)
     return line, hardware
 
 
