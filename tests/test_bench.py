@@ -121,6 +121,62 @@ def test_plan_bench_prints_predicted_beside_measured_and_its_verdict(capsys, mon
 
 
 @pytest.mark.slow
+def test_plan_time_check_divides_each_rows_measured_time_by_the_references(capsys, monkeypatch):
+    # The planner's time column against measured step times (runner/bench/plan_time.py) at a
+    # tiny size, its jobs in this process: what is checked is how the table and the pick's
+    # verdict are made from the runs' figures, whatever those are.
+    from runner.bench import plan as plan_bench
+    from runner.bench import plan_time
+    from runner.core.bootstrap import median
+
+    _jobs_in_this_process(monkeypatch)
+    tiny = [*TINY["transformer"], "trainer.effective_batch_size=8"]
+    monkeypatch.setattr(plan_time, "MODELS", {"transformer": tiny})
+    plan = ["plan.policies=[none,blocks]", "plan.precisions=[fp32,bf16]"]
+    monkeypatch.setattr(plan_time, "CASES", [("transformer", "1GiB", plan)])
+    out = plan_bench.main(["--time", "--repeats", "2", "--steps", "3", *NO_MODEL])
+    printed = capsys.readouterr().out
+    assert "== plan time check: 4 jobs x 2 interleaved rounds, 3 steps" in printed
+    results, rows = out["results"], out["rows"]
+    assert [r["job"].split()[:2] for r in rows] == [
+        ["precision=fp32", "checkpointing=none"], ["precision=bf16", "checkpointing=none"],
+        ["precision=fp32", "checkpointing=blocks"], ["precision=bf16", "checkpointing=blocks"],
+    ]  # fmt: skip
+    step = {job: median([r[plan_time.STEP] for r in runs]) for job, runs in results.items()}
+    reference = step[f"transformer {rows[0]['job']}"]  # fp32/none at the target batch: itself
+    assert all(len(runs) == 2 for runs in results.values())
+    for r in rows:
+        measured = step[f"transformer {r['job']}"] / reference
+        predicted = float(r["predicted"].split()[0])
+        assert r["predicted/measured"] == pytest.approx(predicted / measured, rel=2e-3)
+        assert r["verdict"] == ("ok" if abs(r["predicted/measured"] - 1) <= 0.15 else "MISSED")
+    assert rows[0]["measured"].startswith("1.000 [1.000, 1.000]")
+    fastest = min(rows, key=lambda r: step[f"transformer {r['job']}"])["job"]
+    (pick,) = out["picks"]
+    assert pick.startswith(f"transformer 1GiB: the plan's pick ({rows[0]['job']})")
+    if fastest == rows[0]["job"]:
+        assert pick.endswith("is the measured fastest: ok")
+    else:
+        assert f"the time of the measured fastest ({fastest})" in pick
+    assert pick in printed
+
+
+def test_the_picks_verdict_is_taken_on_its_interval():
+    from runner.bench import plan_time
+
+    def runs(*times):
+        return [{plan_time.STEP: t} for t in times]
+
+    slower = {"m a": runs(2.0, 2.1, 2.0, 2.1, 2.0), "m b": runs(1.0, 1.1, 1.0, 1.1, 1.0)}
+    assert plan_time._pick_line("c", "a", "b", slower, "m").endswith(": MISSED")
+    alike = {"m a": runs(1.0, 1.3, 0.9, 1.2, 1.0), "m b": runs(1.1, 0.9, 1.2, 1.0, 1.0)}
+    assert plan_time._pick_line("c", "a", "b", alike, "m").endswith(": ok (within noise)")
+    assert plan_time._pick_line("c", "a", "a", alike, "m").endswith("measured fastest: ok")
+    once = {"m a": runs(1.01), "m b": runs(1.0)}  # one repeat: no interval, no benefit of doubt
+    assert plan_time._pick_line("c", "a", "b", once, "m").endswith(": MISSED")
+
+
+@pytest.mark.slow
 def test_distribution_bench_prints_each_job_and_the_per_replica_check(capsys, monkeypatch):
     # The distribution benchmark at a tiny size: one device, mirrored on 2 logical CPUs and 2
     # local workers at one global batch; the verdict is the one its printed figures give.

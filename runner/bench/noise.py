@@ -76,13 +76,22 @@ def note(repeats: int) -> str:
 
 def take_repeats(args: list[str], default: int = 1) -> tuple[int, list[str]]:
     """(N from `--repeats N`, else `default`; the other arguments)."""
-    repeats, rest, it = default, [], iter(args)
+    return _take_count("--repeats", args, default)
+
+
+def take_steps(args: list[str], default: int) -> tuple[int, list[str]]:
+    """(S from `--steps S`, else `default`; the other arguments)."""
+    return _take_count("--steps", args, default)
+
+
+def _take_count(flag: str, args: list[str], default: int) -> tuple[int, list[str]]:
+    count, rest, it = default, [], iter(args)
     for arg in it:
-        if arg != "--repeats":
+        if arg != flag:
             rest.append(arg)
             continue
         value = next(it, None)
         if value is None or not value.isdigit() or int(value) < 1:
-            raise SystemExit(f"error: --repeats {value}: expected a whole number >= 1")
-        repeats = int(value)
-    return repeats, rest
+            raise SystemExit(f"error: {flag} {value}: expected a whole number >= 1")
+        count = int(value)
+    return count, rest

@@ -1,6 +1,7 @@
 """The planner's accuracy: its predicted peak against the peak measured by a probe.
 
     python -m runner.bench plan [overrides...]
+    python -m runner.bench plan --time [--repeats N] [--steps S] [overrides...]   # its time column
 
 8 configurations, each at two micro-batch sizes (accum 1): the transformer (h=128, 4 layers,
 128 tokens) and MobileNetV2 (96x96), fp32 and bf16, checkpointing none and blocks. The
@@ -13,6 +14,8 @@ Target (issue 17): every prediction within 15% of its measurement, the median wi
 
 import statistics
 
+from runner.bench import plan_time
+from runner.bench.noise import take_repeats, take_steps
 from runner.config import compose_config
 from runner.core.text import table
 from runner.core.units import mib
@@ -28,7 +31,12 @@ POLICIES = ("none", "blocks")
 BATCHES = (8, 32)
 
 
-def main(extra: list[str]) -> list[dict]:
+def main(extra: list[str]) -> list[dict] | dict:
+    """The peak check; with --time first, the time check (runner/bench/plan_time.py)."""
+    if extra[:1] == ["--time"]:
+        repeats, rest = take_repeats(extra[1:], default=3)
+        steps, rest = take_steps(rest, default=6)
+        return plan_time.main(rest, repeats, steps)
     on_gpu, name = device_info()
     rows = []
     for model, overrides in MODELS.items():
