@@ -356,3 +356,18 @@ def test_accum_auto_fits_a_user_unet_in_the_budget_with_its_techniques_held(
     cfg = compose_config(job, str(examples / "conf"))
     twice = probe(cfg, 2 * b, max(1, 256 // (2 * b)))
     assert twice["oom"] or twice["peak_bytes"] > budget * 2**20, twice
+
+
+def test_bfloat16s_measured_time_is_looked_up_by_the_cpus_instructions():
+    """bfloat16's step-time ratio differs with the CPU's instructions (MobileNetV2: 1.26x fp32
+    with AVX512_BF16/AMX, 1.67x on a CPU without them): the plan reads the ratio measured on
+    its own kind of CPU; float16, emulated on every CPU, has one."""
+    from runner.core.machine import cpu_has_bf16
+    from runner.plan.line import MEASURED, NO_BF16_CPU, device_class
+
+    mine = "cpu" if cpu_has_bf16() else NO_BF16_CPU
+    assert device_class(False, "bf16") == mine
+    assert device_class(False, "mixed") == "cpu" and device_class(True, "bf16") == "gpu"
+    assert (
+        MEASURED["cpu", "bf16", "cnn", False][0] != MEASURED[NO_BF16_CPU, "bf16", "cnn", False][0]
+    )

@@ -8,6 +8,7 @@ import keras
 from omegaconf import DictConfig
 
 from runner.config import takes_images, with_batch
+from runner.core import machine
 from runner.core.errors import PlanError
 from runner.core.units import parse_bytes
 from runner.measure import estimate, flops
@@ -22,10 +23,11 @@ from runner.train.optimizer import build_optimizer, resolve_jit
 CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU allocator's limit, when one is set
 
 # Step time of a precision against fp32 at the same batch, as tfmemlab's benchmarks measured
-# it, by (device class, precision, model family, XLA): (ratio, where it was measured). All on
-# this project's 2-core Xeon CPU with AVX512_BF16/AMX, one process per job; float16 is
-# emulated on a CPU. No GPU figure was measured (no GPU here): on a GPU the FLOPs alone are
-# used, which ignores tensor cores' 16-bit speed-up.
+# it, by (device class, precision, model family, XLA): (ratio, where it was measured). "cpu":
+# this project's 2-core Xeon CPU with AVX512_BF16/AMX, one process per job, unless said;
+# float16 is emulated on a CPU. No GPU figure was measured (no GPU here): on a GPU the FLOPs
+# alone are used, which ignores tensor cores' 16-bit speed-up.
+NO_BF16_CPU = "cpu without AVX512_BF16/AMX"  # a device class of its own for bfloat16
 UNMEASURED = "FLOPs only"  # time_from of a precision whose step-time ratio was not measured
 MEASURED = {
     # bench precision_accum: MobileNetV2 96x96, batch 8, no XLA (docs/findings.md).
@@ -33,6 +35,13 @@ MEASURED = {
     ("cpu", "mixed", "cnn", False): (24.9, "bench precision_accum, CPU, MobileNetV2"),
     # bench checkpointing: transformer h=32, 256 tokens, dropout 0, no XLA.
     ("cpu", "bf16", "transformer", False): (1.30, "bench checkpointing, CPU, transformer"),
+    # bench plan --time (docs/findings.md), a 2-core AMD EPYC without AVX512_BF16/AMX, 3
+    # interleaved rounds of 5 timed steps: transformer h=64, 2 layers, 128 tokens, batch 32,
+    # XLA (95% intervals 0.90-2.26 and 0.85-1.92: steps of 65-105 ms move much); MobileNetV2
+    # x0.35 at 64 px, micro-batch 8 x 4, bf16 2.283 and fp32 1.365 of the same reference.
+    ("cpu", "mixed", "transformer", True): (1.29, "bench plan --time, CPU, transformer"),
+    (NO_BF16_CPU, "bf16", "transformer", True): (1.16, "bench plan --time, CPU, transformer"),
+    (NO_BF16_CPU, "bf16", "cnn", False): (1.67, "bench plan --time, CPU, MobileNetV2"),
 }
 
 
@@ -146,12 +155,22 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     return line, hardware
 
 
+def device_class(on_gpu: bool, precision_name: str) -> str:
+    """MEASURED's device class: bfloat16's speed on a CPU depends on its instructions (without
+    AVX512_BF16/AMX oneDNN has no bfloat16 kernels, and TensorFlow's own convert to float32
+    and back); float16 is emulated on every CPU."""
+    if on_gpu:
+        return "gpu"
+    return "cpu" if precision_name != "bf16" or machine.cpu_has_bf16() else NO_BF16_CPU
+
+
 def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:
     """The measured step-time ratio of cfg's precision to fp32 on this device class, if any."""
     if cfg.precision.name == "fp32":
         return 1.0, "FLOPs"
     family = "transformer" if cfg.model.name == "transformer" else "cnn"
-    found = MEASURED.get(("gpu" if on_gpu else "cpu", cfg.precision.name, family, jit))
+    key = (device_class(on_gpu, cfg.precision.name), cfg.precision.name, family, jit)
+    found = MEASURED.get(key)
     if found is None:
         return 1.0, f"{UNMEASURED} (no step time measured here for this precision)"
     ratio, where = found
