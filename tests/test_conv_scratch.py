@@ -5,7 +5,7 @@ the allocator's measured peak of a step in a fresh process that pins what they d
 - weight gradients are applied as they come, by as many updates at once as the executor has
   inter-op threads (2 here), each holding its gradient and Adam's two buffers; in an
   accumulating step's micro-batch each is added into its sum as it comes (one at a time), and
-  the update's own call holds as many updates' buffers (runner/measure/estimate.py _update_call_bytes).
+  the update's own call holds as many updates' buffers (estimate._update_call_bytes).
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
 1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
 
