@@ -5,7 +5,7 @@ the allocator's measured peak of a step in a fresh process that pins what they d
 - weight gradients are applied as they come, by as many updates at once as the executor has
   inter-op threads (2 here), each holding its gradient and Adam's two buffers; in an
   accumulating step's micro-batch each is added into its sum as it comes (one at a time), and
-  the update's own call holds as many updates' buffers (estimate._update_call_bytes).
+  the update's own call holds as many updates' buffers (runner/measure/steps.py).
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
 1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
 
@@ -22,7 +22,7 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
-from runner.measure import backward, conv_scratch, estimate
+from runner.measure import backward, conv_scratch, steps
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
 
@@ -108,7 +108,7 @@ adam = keras.optimizers.Adam(1e-3)
 out["micro"], out["update"] = accumulating_peaks(mlp, x, y, adam)
 kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(1, 1))
 out["micro_rule"] = kept + work + grads
-out["update_rule"] = estimate._update_call_bytes(mlp.trainable_variables, adam, 2)
+out["update_rule"] = steps.update_call_bytes(mlp.trainable_variables, adam, 2)
 print("RESULT " + json.dumps(out))
 """
 
@@ -138,7 +138,7 @@ def test_the_executor_rules_hold_the_measured_step():
     assert 0.6 <= r["mlp"] / r["mlp_rule"] <= 1.05, r
     # Accumulating: a micro-batch holds one gradient at a time (16 MiB; measured 17.5 MiB in
     # all), not all of them nor their update's buffers. The update's call: two updates' buffers
-    # at most (96 MiB); 64 MiB here, 72-96 MiB on a stack of four such kernels: a bound, as
-    # the accum=1 step's.
+    # at most (96 MiB); 64 MiB here, 48 MiB beside other tests (one update at a time), 72-96
+    # MiB on a stack of four such kernels: a bound, as the accum=1 step's.
     assert 0.85 <= r["micro"] / r["micro_rule"] <= 1.1, r
-    assert 0.6 <= r["update"] / r["update_rule"] <= 1.05, r
+    assert 0.45 <= r["update"] / r["update_rule"] <= 1.05, r

@@ -210,6 +210,8 @@ def check_module(name: str, argv: list[str]) -> None:
                 core.command_line().parse_args(extra[1:])
                 return
             _, extra = bench.command_line().parse_known_args(extra)
+        if argv[0] == "plan" and extra[:1] == ["--time"]:  # [--repeats N] [--steps S]
+            extra = importlib.import_module("runner.bench.plan").time_args(extra[1:])[0]
         if argv[0] in ("checkpointing", "precision_accum", "overhead"):  # --repeats N
             extra = importlib.import_module("runner.bench.noise").take_repeats(extra)[1]
         if argv[0] == "checkpointing":  # --only NAME picks some of its groups

@@ -31,12 +31,17 @@ POLICIES = ("none", "blocks")
 BATCHES = (8, 32)
 
 
+def time_args(args: list[str]) -> tuple[list[str], int, int]:
+    """(overrides, repeats, steps) of `plan --time [--repeats N] [--steps S] [overrides...]`."""
+    repeats, rest = take_repeats(args, default=3)
+    steps, rest = take_steps(rest, default=6)
+    return rest, repeats, steps
+
+
 def main(extra: list[str]) -> list[dict] | dict:
     """The peak check; with --time first, the time check (runner/bench/plan_time.py)."""
     if extra[:1] == ["--time"]:
-        repeats, rest = take_repeats(extra[1:], default=3)
-        steps, rest = take_steps(rest, default=6)
-        return plan_time.main(rest, repeats, steps)
+        return plan_time.main(*time_args(extra[1:]))
     on_gpu, name = device_info()
     rows = []
     for model, overrides in MODELS.items():

@@ -8,13 +8,12 @@ framework adds or fuses.
 """
 
 import math
-import os
 
 import keras
 import tensorflow as tf
 
 from models.common import is_graph
-from runner.measure import backward, chunked, conv_scratch, xla_memory
+from runner.measure import backward, chunked, steps, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo, segment_length
 
@@ -180,64 +179,6 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
 INPUT_MICRO_BATCHES = 4
 
 
-# Float32 buffers of its variable's size an optimizer's update holds beside the gradient, by
-# class. Keras's Adam computes (g - m) * (1 - beta_1) and (g^2 - v) * (1 - beta_2) for its
-# slots, then m * alpha and sqrt(v) + epsilon for the variable (keras/src/optimizers/adam.py):
-# two buffers at a time, each product written over its operand. **Measured** (peak above the
-# resting state of a step on a Dense stack whose 16 MiB kernels dominate, batch 1, the
-# allocator's pool grown first, this CPU): with one inter-op thread the peak was the gradient
-# and 2 such buffers for Adam, 2 for SGD (its g * lr, and a copy of the variable the executor
-# makes to update it while a read of it is alive), 3 for AdamW (its decay, var * wd * lr,
-# first); with two threads two updates overlapped, fully or in part (Adam 64-96 MiB, SGD
-# 48-80, AdamW 96-112): the rule is their bound.
-UPDATE_BUFFERS = {"Adam": 2, "SGD": 2, "AdamW": 3}
-
-
-def _executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
-    """How the executor runs a graph model's step (backward.Executor). In an accum=1 step,
-    weight gradients are applied as they come by as many updates at once as it has inter-op
-    threads, each holding its gradient and its update's buffers (UPDATE_BUFFERS). In a
-    micro-batch of an accumulating step each gradient is added in place into its float32 sum
-    as it comes (runner/techniques/accumulation.py: one assign_add, no buffer of its own) and
-    dies there: one at a time (measured: 17.5 MiB on a stack of 16 MiB kernels,
-    tests/test_conv_scratch.py). A loss-scaled accum=1 step waits for every gradient to check
-    it: its gradients are counted whole (_gradient_bytes), not here. Convolutions take
-    conv_scratch's buffers on a CPU without XLA or oneDNN."""
-    threading = tf.config.threading
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    if cfg.accum > 1:
-        slots, per_byte = 1, 1.0
-    else:
-        slots = 0 if scaled else _threads(threading.get_inter_op_parallelism_threads())
-        per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
-    on_cpu = not tf.config.list_logical_devices("GPU")
-    conv = on_cpu and not cpu_xla and not conv_scratch.onednn_convolutions(cfg.precision.policy)
-    intra = _threads(threading.get_intra_op_parallelism_threads()) if conv else 0
-    return backward.Executor(slots, per_byte, intra)
-
-
-def _update_call_bytes(trainable, optimizer, slots: int) -> int:
-    """What an accumulating step's update call (accumulation.py's apply_sum: the sums read in
-    place, then optimizer.apply) holds above the weights, slots and sums: `slots` updates at
-    once, the largest variables' at worst, each holding as many buffers of its variable's size
-    as an accum=1 update holds with its gradient (1 + UPDATE_BUFFERS: the sum is read in place,
-    and Adam's two slot updates then overlap). **Measured** on the Dense stack of
-    UPDATE_BUFFERS' note (16 MiB kernels, 2 inter-op threads): +72-96 MiB in that call, the
-    rule 96; keras MobileNet at 53 px: +15-17 MiB, the rule 18. A loss-scaled step first
-    divides every sum by the scale, and those float32 quotients are all alive before the
-    update, which frees each as it consumes it: the call holds them or the buffers, whichever
-    is more (measured on the same stack in float16: +64-72 MiB, quotients 64)."""
-    largest = sorted((math.prod(v.shape) * 4 for v in trainable), reverse=True)[:slots]
-    buffers = (1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)) * sum(largest)
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    return max(buffers, _float32_bytes(trainable) if scaled else 0)
-
-
-def _threads(setting: int) -> int:
-    """A TensorFlow thread-pool setting as the threads it runs: 0 means one per core."""
-    return setting or os.cpu_count() or 1
-
-
 def _graph_activations(
     model, b: int, p: int, remat: RematInfo, executor: backward.Executor
 ) -> tuple[int, int, int]:
@@ -283,15 +224,14 @@ def estimate_memory(
     elif cfg.model.name == "transformer":
         activations, workspace = _transformer_activations(cfg, spec, p)
     else:
-        executor = _executor(optimizer, cfg, cpu_xla)
+        executor = steps.executor(optimizer, cfg, cpu_xla)
         activations, workspace, in_flight = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo(), executor
         )
         if executor.slots:  # the gradients alive at the peak, not all of them
             gradients = in_flight
         if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
-            threads = _threads(tf.config.threading.get_inter_op_parallelism_threads())
-            update = _update_call_bytes(trainable, optimizer, threads)
+            update = steps.update_call_bytes(trainable, optimizer, steps.inter_op_threads())
             inputs = _inputs_bytes(model, cfg.data.batch_size)  # all that is alive beside it
             if update + inputs > activations + workspace + gradients:
                 activations, workspace, gradients = inputs, 0, update
