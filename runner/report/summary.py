@@ -69,7 +69,7 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
     if "host/data_setup_rss_bytes" in figures:  # in memory or streamed: docs/data.md
         lines.append(
             f"  host: data setup (data={cfg.data.name}, to its first batch) process RSS "
-            f"+{figures['host/data_setup_rss_bytes'] / 2**20:.1f} MiB"
+            f"{figures['host/data_setup_rss_bytes'] / 2**20:+.1f} MiB"
         )
     if "mem/peak_scope" in sources:  # under tf.distribute; the estimate is one replica's
         lines.append(f"  peak of {sources['mem/peak_scope']}; the estimate is one replica's")

@@ -9,6 +9,7 @@ yields micro-batches of `data.batch_size`; the train step (runner/techniques/acc
 draws `accum` of them, one at a time, per optimizer step.
 """
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -164,7 +165,10 @@ def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1, measure=Fa
     optimizer steps of `cfg.accum` micro-batches each. With `replicas` > 1 the training
     micro-batches are global, data.batch_size x replicas (runner/techniques/distribution.py
     gives each replica its part). measure: draw a first batch and record the process's RSS
-    growth (Data.setup_rss_bytes)."""
+    growth (Data.setup_rss_bytes): a difference, below 0 when a process that ran jobs before
+    gave back more than the data took."""
+    if measure:
+        gc.collect()  # an earlier job's garbage, freed now rather than inside the measurement
     rss_before = psutil.Process().memory_info().rss
     seed, accum = cfg.trainer.seed, cfg.accum
     batch = cfg.data.batch_size * replicas
