@@ -30,9 +30,8 @@ from runner.core.errors import (
 from runner.core.secrets import redact
 from runner.core.start import import_tensorflow
 from runner.launch import LAUNCH_ENV
-from runner.sweep.job import die_with_sweep, plan_sweep_job, run_isolated
 from runner.sweep.resume import resume_argv
-from runner.sweep.state import JOB_ENV, sweep_tags
+from runner.sweep.state import JOB_ENV, die_with_sweep, sweep_tags
 
 register_configs()
 
@@ -41,6 +40,10 @@ def _sweep_job(cfg: DictConfig) -> bool:
     """In a sweep's process: run this job apart, or leave it (a resumed sweep's finished or
     busy job); True when it is done with. An in-process job of a resumed sweep is set to go
     on from its checkpoint."""
+    # Here, not at the top: it imports MLflow (about 1.5 s), which the command line's check
+    # comes before.
+    from runner.sweep.job import plan_sweep_job, run_isolated
+
     resume_from = None
     if cfg.sweep.resume:
         plan = plan_sweep_job()

@@ -200,7 +200,8 @@ def test_profile_leaves_the_runs_own_figures_alone(store, tmp_path):
     # at which the job's own tensors dwarf the input pipeline's batches, allocated beside
     # them from other threads (at h=16, s=8 they moved a 0.2 MiB peak by 3%).
     job = ["trainer.max_steps=4", "model.h=64", "model.layers=2", "data.seq_len=64"]
-    job += ["trainer.progress=false", "profile.steps=1", "profile.repeats=1"]
+    job += ["trainer.progress=false", "trainer.save_model=false"]
+    job += ["profile.steps=1", "profile.repeats=1"]
     seed_calibration()
     metrics = {}
     for profiled in ("false", "true"):

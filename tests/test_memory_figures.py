@@ -42,7 +42,7 @@ def test_the_xla_estimate_is_xlas_own_memory_plan(policy, margin, tmp_path, stor
         "model.h=48", "model.layers=3", "model.heads=6", "data.seq_len=96",
         "data.vocab_size=96", "data.batch_size=16", f"checkpointing={policy}",
         "trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress=false",
-        "trainer.checkpoint_every=0", f"mlflow.tracking_uri={store}",
+        "trainer.checkpoint_every=0", "trainer.save_model=false", f"mlflow.tracking_uri={store}",
         f"hydra.run.dir={tmp_path}/run",
     ]  # fmt: skip
     result = run_cli(args, cwd=tmp_path, env={"XLA_FLAGS": f"--xla_dump_to={dump}"})

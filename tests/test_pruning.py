@@ -351,22 +351,25 @@ def test_two_of_four_holds_after_a_run_with_every_other_technique(tiny_cfg, stor
 
 @pytest.mark.slow
 def test_half_pruned_digits_model_keeps_its_accuracy(store):
-    """A 2-layer h=64 transformer on data=digits, 300 steps, same seed: gradual pruning to 50%
-    (Zhu & Gupta, done by step 200, then 100 steps with fixed masks) against dense training."""
+    """A 2-layer h=64 transformer on data=digits, 200 steps, same seed: gradual pruning to 50%
+    (Zhu & Gupta, done by step 120, then 80 steps with fixed masks) against dense training.
+    Measured alone: dense 0.9415, pruned 0.9304 (at 300 steps and step 200 it took a third
+    more of the suite's time)."""
     base = [
         "data=digits",
         "model.h=64",
         "model.layers=2",
         "model.heads=4",
-        "trainer.max_steps=300",
+        "trainer.max_steps=200",
         "trainer.lr=0.002",
         "trainer.progress=false",
+        "trainer.save_model=false",
         f"mlflow.tracking_uri={store}",
     ]
     dense = run(compose_config(base))
     pruned = run(
         compose_config(
-            base + ["pruning=polynomial", "pruning.frequency=20", "pruning.end_step=200"]
+            base + ["pruning=polynomial", "pruning.frequency=20", "pruning.end_step=120"]
         )
     )
     print(f"val/accuracy dense {dense['val/accuracy']:.4f} pruned {pruned['val/accuracy']:.4f}")

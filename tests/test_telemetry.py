@@ -132,7 +132,12 @@ def test_transformer_measured_over_estimate_in_band(precision, store, tmp_path):
     # user runs it: a fresh process, so no earlier test's allocations are in its figures.
     seed_calibration({"fp32": "float32", "bf16": "mixed_bfloat16"}[precision])
     result = run_cli(
-        [f"precision={precision}", "trainer.max_steps=3", "trainer.progress=false"],
+        [
+            f"precision={precision}",
+            "trainer.max_steps=3",
+            "trainer.progress=false",
+            "trainer.save_model=false",
+        ],
         cwd=tmp_path,
         env={"MLFLOW_TRACKING_URI": store},
     )

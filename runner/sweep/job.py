@@ -112,18 +112,3 @@ def plan_sweep_job() -> JobPlan:
     }[plan.action]
     print(f"tfmemlab: job {hydra_cfg.job.num}: {plan.reason}: {verb}", flush=True)
     return plan
-
-
-def die_with_sweep() -> None:
-    """In a job run in a process of its own: get SIGTERM when the sweep's process dies, even by
-    SIGKILL, so the job ends its step, checkpoints and marks its run KILLED instead of going
-    on alone (Linux: PR_SET_PDEATHSIG)."""
-    sweep_pid = os.environ.get(SWEEP_PID_ENV)
-    if sweep_pid is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != int(sweep_pid):  # it died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)

@@ -32,7 +32,6 @@ from runner.core.errors import BusyError, ResumeError
 from runner.core.lock import LOCK_FILE, check_free, holder
 from runner.core.process import pid_alive
 from runner.sweep.state import KEY, SWEEP_FILE, read_sweep_file
-from runner.track.client import client_for
 from runner.train.rundir import RUN_FILE, locate, newest_folder
 
 ATTEMPTS = "attempts"
@@ -102,6 +101,10 @@ def plan_job(job_dir: Path) -> JobPlan:
     except (OSError, ValueError):
         return JobPlan("run", "it has no run yet")
     run_id = record["run_id"]
+    # Here, not at the top: run.py imports resume_argv before it checks the command line, and
+    # MLflow's import (about 1.5 s) would come before every one-line error.
+    from runner.track.client import client_for
+
     client = client_for(record["tracking_uri"])
     try:
         run = client.get_run(run_id)
