@@ -47,7 +47,8 @@ POLICIES = ("none", "blocks", "sqrt", "every", "selective")  # each applies to e
 ACCUMS = (1, 2, 4)
 STEPS = 3
 # float16 is emulated on a CPU: without XLA (the CNNs) a MobileNetV2 step ran 25x slower under
-# precision=mixed than under fp32 (the run's own note); its FLOPs count that much more.
+# precision=mixed than under fp32 with oneDNN's kernels (2x with TensorFlow's own, on a CPU
+# without AVX512); its FLOPs count the slower CPU's factor, so a draw fits either.
 MIXED_CNN_SLOWDOWN = 25
 
 

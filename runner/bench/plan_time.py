@@ -38,8 +38,8 @@ MODELS = {
 POLICIES = "plan.policies=[none,selective,blocks]"
 # (model, budget, the plan's own overrides): a budget where every row fits at the target
 # batch and tight ones where rows split it (their predicted peaks: `python -m runner.plan`).
-# MobileNetV2 without float16, which a CPU emulates at 25x fp32's time (measured, and the
-# plan's ratio for it: runner/plan/line.py MEASURED): its rows are ranked last whatever.
+# MobileNetV2 without float16, which a CPU emulates (25x fp32's time with oneDNN's kernels,
+# 2x with TensorFlow's own: runner/plan/line.py MEASURED): its rows would be most of the time.
 CASES = [
     ("transformer", "48MiB", [POLICIES]),
     ("transformer", "1GiB", [POLICIES]),

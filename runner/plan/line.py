@@ -23,25 +23,32 @@ from runner.train.optimizer import build_optimizer, resolve_jit
 CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU allocator's limit, when one is set
 
 # Step time of a precision against fp32 at the same batch, as tfmemlab's benchmarks measured
-# it, by (device class, precision, model family, XLA): (ratio, where it was measured). "cpu":
-# this project's 2-core Xeon CPU with AVX512_BF16/AMX, one process per job, unless said;
-# float16 is emulated on a CPU. No GPU figure was measured (no GPU here): on a GPU the FLOPs
-# alone are used, which ignores tensor cores' 16-bit speed-up.
-NO_BF16_CPU = "cpu without AVX512_BF16/AMX"  # a device class of its own for bfloat16
+# it, by (device class, precision, model family, XLA): (ratio, where it was measured). A
+# CPU's class is its kernels' (device_class): "cpu", a 2-core Xeon with AVX512_BF16/AMX,
+# where TensorFlow runs oneDNN's; NO_BF16_CPU, a 2-core AMD EPYC without AVX512, where it
+# runs its own. One process per job. No GPU figure was measured (no GPU here): on a GPU the
+# FLOPs alone are used, which ignores tensor cores' 16-bit speed-up.
+NO_BF16_CPU = "cpu without AVX512_BF16/AMX"  # a device class of its own for 16-bit kernels
 UNMEASURED = "FLOPs only"  # time_from of a precision whose step-time ratio was not measured
 MEASURED = {
-    # bench precision_accum: MobileNetV2 96x96, batch 8, no XLA (docs/findings.md).
+    # bench precision_accum: MobileNetV2 96x96, batch 8, no XLA, one run (docs/findings.md).
     ("cpu", "bf16", "cnn", False): (1.26, "bench precision_accum, CPU, MobileNetV2"),
     ("cpu", "mixed", "cnn", False): (24.9, "bench precision_accum, CPU, MobileNetV2"),
     # bench checkpointing: transformer h=32, 256 tokens, dropout 0, no XLA.
     ("cpu", "bf16", "transformer", False): (1.30, "bench checkpointing, CPU, transformer"),
-    # bench plan --time (docs/findings.md), a 2-core AMD EPYC without AVX512_BF16/AMX, 3
-    # interleaved rounds of 5 timed steps: transformer h=64, 2 layers, 128 tokens, batch 32,
-    # XLA (95% intervals 0.90-2.26 and 0.85-1.92: steps of 65-105 ms move much); MobileNetV2
-    # x0.35 at 64 px, micro-batch 8 x 4, bf16 2.283 and fp32 1.365 of the same reference.
-    ("cpu", "mixed", "transformer", True): (1.29, "bench plan --time, CPU, transformer"),
+    # bench plan --time (docs/findings.md), 3 interleaved rounds of 5 timed steps: transformer
+    # h=64, 2 layers, 128 tokens, batch 32, XLA (95% intervals 0.90-2.26 and 0.85-1.92: steps
+    # of 65-105 ms move much); MobileNetV2 x0.35 at 64 px, micro-batch 8 x 4, bf16 2.283 and
+    # fp32 1.365 of the same reference. bench precision_accum --repeats 3 read the transformer
+    # (h=128, 4 layers, batch 8) at mixed 1.283 [0.994, 1.332] and bf16 1.114 [1.060, 1.114],
+    # and MobileNetV2 at alpha 1.0, 96x96, batch 8 at bf16 4.396 [2.741, 4.452]: bfloat16's
+    # cost grows with the model here, and 1.67 is the plan's own case's.
+    (NO_BF16_CPU, "mixed", "transformer", True): (1.29, "bench plan --time, CPU, transformer"),
     (NO_BF16_CPU, "bf16", "transformer", True): (1.16, "bench plan --time, CPU, transformer"),
     (NO_BF16_CPU, "bf16", "cnn", False): (1.67, "bench plan --time, CPU, MobileNetV2"),
+    # bench precision_accum --repeats 3: MobileNetV2 96x96, batch 8, no XLA: 2.048 [1.201,
+    # 2.380]; TensorFlow's own float16 kernels, where oneDNN's took 24.9x.
+    (NO_BF16_CPU, "mixed", "cnn", False): (2.05, "bench precision_accum, CPU, MobileNetV2"),
 }
 
 
@@ -156,12 +163,13 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
 
 
 def device_class(on_gpu: bool, precision_name: str) -> str:
-    """MEASURED's device class: bfloat16's speed on a CPU depends on its instructions (without
-    AVX512_BF16/AMX oneDNN has no bfloat16 kernels, and TensorFlow's own convert to float32
-    and back); float16 is emulated on every CPU."""
+    """MEASURED's device class: a 16-bit precision's speed on a CPU depends on the kernels its
+    instructions get (with AVX512_BF16/AMX TensorFlow runs oneDNN's, which emulate float16 at
+    25x fp32's time on MobileNetV2; without, its own: float16 at 2x, bfloat16 converted to
+    float32 and back). fp32 is every class's reference."""
     if on_gpu:
         return "gpu"
-    return "cpu" if precision_name != "bf16" or machine.cpu_has_bf16() else NO_BF16_CPU
+    return "cpu" if machine.cpu_has_bf16() else NO_BF16_CPU
 
 
 def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:

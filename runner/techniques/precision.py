@@ -7,28 +7,43 @@ from omegaconf import DictConfig
 
 from runner.core.machine import cpu_has_bf16
 
+# `python -m runner.bench precision_accum` (one process per job, 2-core CPUs, the allocator's
+# pool grown first), ratios to fp32 at batch 8: MobileNetV2 96x96 without XLA, the transformer
+# (h=128, 4 layers) under XLA. By the CPU's kernels: with AVX512_BF16/AMX TensorFlow runs
+# oneDNN's (a Xeon, one run each); without, its own (an AMD EPYC without AVX512, medians of 3
+# interleaved rounds, 2026-12-04).
+_MEASURED = {
+    True: {
+        "mixed": "saved 23% of MobileNetV2's peak but ran 25x slower per step; under XLA (the "
+        "transformer) its float32 copies raised the peak 1.23-1.26x",
+        "bf16": "saved 24% of MobileNetV2's peak at 1.26x the step time; under XLA (the "
+        "transformer) it is computed largely in float32 (0.94-0.97x the float32 peak)",
+    },
+    False: {
+        "mixed": "saved 13% of MobileNetV2's peak at 2.0x the step time; under XLA (the "
+        "transformer) its float32 copies raised the peak 1.35x, at 1.28x the time (within noise)",
+        "bf16": "saved 18% of MobileNetV2's peak at 4.4x the step time; under XLA (the "
+        "transformer) it is computed largely in float32 (1.03x the float32 peak, 1.11x the "
+        "time)",
+    },
+}
+
 
 def cpu_note(policy: str) -> str | None:
-    """What a 16-bit policy will do on a CPU, said once per run: tensorflow/tensorflow#45441
-    measured fp16 3 s -> 187 s per epoch without XLA; `python -m runner.bench precision_accum`
-    (one process per job, 2-core CPU, allocator pool grown first) measured the peaks and step
-    times quoted here; the transformer's ranges span its batch 8 and 32 jobs and the
-    `memory` bench."""
-    if policy == "mixed_float16":
-        return (
-            "precision=mixed on a CPU: float16 is emulated. Without XLA (CNNs) it saved 23% "
-            "of MobileNetV2's peak but ran 25x slower per step; under XLA (the transformer) "
-            "its float32 copies raised the peak 1.23-1.26x. Its memory gain is a GPU figure."
-        )
-    if policy == "mixed_bfloat16":
-        native = "has" if cpu_has_bf16() else "lacks"
-        return (
-            f"precision=bf16 on a CPU (this one {native} AVX512_BF16/AMX): without XLA it "
-            "saved 24% of MobileNetV2's peak at 1.26x the step time; under XLA it is computed "
-            "largely in float32 (0.94-0.97x the float32 peak). Its memory gain is a GPU/TPU "
-            "figure."
-        )
-    return None
+    """What a 16-bit policy will do on a CPU, said once per run, in figures measured on a CPU
+    of this one's kind (_MEASURED); tensorflow/tensorflow#45441 measured fp16 3 s -> 187 s per
+    epoch without XLA."""
+    kind = "mixed" if policy == "mixed_float16" else "bf16" if policy == "mixed_bfloat16" else None
+    if kind is None:
+        return None
+    native = cpu_has_bf16()
+    head = ": float16 is emulated" if kind == "mixed" else ""
+    gain = "a GPU figure" if kind == "mixed" else "a GPU/TPU figure"
+    return (
+        f"precision={kind} on a CPU{head}. Measured on a CPU with{'' if native else 'out'} "
+        f"AVX512_BF16/AMX (as this one), without XLA it {_MEASURED[native][kind]}. Its memory "
+        f"gain is {gain}."
+    )
 
 
 def note(p: DictConfig, dev: str) -> str | None:
