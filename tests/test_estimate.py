@@ -320,6 +320,21 @@ def test_under_xla_a_cpu_keeps_what_its_memory_plan_holds():
 
 
 @pytest.mark.usefixtures("fresh_session")
+def test_under_xla_dropout_masks_stay_alive_until_their_segment_is_rebuilt():
+    # 4 heads, so that as^2b = 1024 is not sbh = 512. With dropout a layer keeps 20sbh, the
+    # softmax output, its float32 mask and the dropout output (3 x 1024), and its two sbh masks:
+    # 40960 + 12288 + 4096 = 57344 bytes; a layer's masks, drawn in the forward and alive until
+    # it is rebuilt: (1024 + 2 x 512) x 4 = 8192.
+    layer, mask, dropout = 57344, 8192, ("model.layers=3", "model.heads=4", "model.dropout=0.1")
+    # blocks: the last layer is rebuilt first, beside the masks of the two before it.
+    blocks = xla(*dropout, "checkpointing=blocks")
+    assert blocks["activations"] == 3 * 512 * 4 + 2 * mask + layer + XLA_EDGES
+    # every 2: segments of 2 and 1 layers; the first, rebuilt with no mask before it, holds more.
+    every = xla(*dropout, "checkpointing=every")
+    assert every["activations"] == 2 * 512 * 4 + 2 * layer + XLA_EDGES
+
+
+@pytest.mark.usefixtures("fresh_session")
 def test_under_xla_only_float32_updates_free_gradients_as_they_come():
     # One layer: its MLP's two kernels (16 x 64 floats each) are the largest variables, and
     # the third is smaller, so one kernel or three variables would give another sum.
