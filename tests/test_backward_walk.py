@@ -124,3 +124,19 @@ def test_hard_swish_keeps_its_input_and_two_tensors_its_gradient_reads_as_measur
     # 0.85-1.25 as the GELU chain's: in a suite worker the allocator's chunks read 1.114
     # (876,160 bytes a layer); the old rule's one tensor reads 3x.
     assert 0.85 <= measured / per_layer <= 1.25
+
+
+def _pooled_16_bit() -> keras.Model:
+    x = keras.Input((32, 32, 64))
+    y = L.ReLU(dtype="mixed_bfloat16", name="relu")(x)
+    return keras.Model(x, L.GlobalAveragePooling2D(dtype="mixed_bfloat16", name="pool")(y))
+
+
+def test_global_average_pooling_of_a_16_bit_map_holds_a_float32_gradient_of_its_size():
+    # Keras's mean casts a 16-bit map to float32 before reducing it, so the pooling's gradient
+    # is a float32 broadcast over the map, cast back to bfloat16 beside it: 6 bytes an element,
+    # with the ReLU's kept bfloat16 output 8 in all (measured: 8.0). The old rule (the gradient
+    # at the map's own width, 6 in all) read 1.33x.
+    measured = _peak_over_step(_pooled_16_bit(), tf.random.normal((8, 32, 32, 64)))
+    estimated = sum(backward.walk(_pooled_16_bit(), 8, 2, RematInfo()))
+    assert 0.85 <= measured / estimated <= 1.25, (measured, estimated)

@@ -225,13 +225,18 @@ def workspace_bytes(op, kind_name: str, out: int, inputs: list[int], width: int)
     beside its output gradient; a grouped convolution adds XLA's buffer. A nearest-neighbour
     UpSampling2D is two repeats (ops.repeat: tile and reshape), whose gradients are sums: the
     width repeat's (out / fw elements) is computed beside the output gradient (seen in the
-    U-Net's allocation trace: Repeat_1/Sum, half the output, beside it)."""
+    U-Net's allocation trace: Repeat_1/Sum, half the output, beside it). A global average
+    pooling over a 16-bit map is Keras's mean, which casts the map to float32 before
+    reducing it (keras/src/backend/tensorflow/numpy.py mean): its gradient is the float32
+    broadcast of the output gradient over the input's shape, cast back to 16 bits beside it."""
     if kind_name in NORMS:
         nbytes = out * width + NORM_TEMPORARIES * inputs[0] * 4
     elif kind_name == "UpSampling2D" and getattr(op, "interpolation", "") == "nearest":
         nbytes = (out + out // op.size[1]) * width
     elif kind_name == "Add":
         nbytes = out * width
+    elif kind_name.startswith("GlobalAveragePooling") and width < 4:
+        nbytes = out * width + inputs[0] * (4 + width)
     else:
         nbytes = (out + sum(inputs)) * width
     return nbytes + grouped_conv_bytes(op)
