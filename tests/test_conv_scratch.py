@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 
-from runner.core import machine
 from tests.conftest import REPO
 
 SCRIPT = r"""
@@ -143,17 +142,3 @@ def test_the_executor_rules_hold_the_measured_step():
     # MiB on a stack of four such kernels: a bound, as the accum=1 step's.
     assert 0.85 <= r["micro"] / r["micro_rule"] <= 1.1, r
     assert 0.45 <= r["update"] / r["update_rule"] <= 1.05, r
-
-
-def test_bfloat16_convolutions_go_to_onednn_where_tensorflow_gives_it_bfloat16():
-    # TensorFlow's rule (tensorflow/core/util/util.cc): AVX512F or AVX_NE_CONVERT, not native
-    # bfloat16 math. On a Xeon with AVX512F and no AVX512_BF16 a 1x1 convolution's step in
-    # bfloat16 held 8.1 MiB with oneDNN and 36.7 MiB without (TensorFlow's im2col kernels): a
-    # rule read off AVX512_BF16/AMX put every bfloat16 CNN's estimate there at up to 3x.
-    import tensorflow as tf
-    from tensorflow.python.util import _pywrap_utils  # not a public API: the rule's source
-
-    tensorflow_says = _pywrap_utils.IsDataTypeSupportedByOneDNNOnThisCPU(
-        tf.bfloat16.as_datatype_enum
-    )
-    assert machine.onednn_takes_bf16() is bool(tensorflow_says)

@@ -40,10 +40,3 @@ def cpu_flags() -> set[str]:
 def cpu_has_bf16() -> bool:
     """AVX512_BF16 or AMX: the CPU instructions for native bfloat16 math."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
-
-
-def onednn_takes_bf16() -> bool:
-    """Whether TensorFlow's oneDNN operations take bfloat16 on this CPU: AVX512F or
-    AVX_NE_CONVERT, TensorFlow's own rule (IsDataTypeSupportedByOneDNNOnThisCPU in
-    tensorflow/core/util/util.cc); oneDNN emulates bfloat16 math where the CPU has none."""
-    return bool({"avx512f", "avx_ne_convert"} & cpu_flags())

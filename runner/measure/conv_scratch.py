@@ -26,7 +26,7 @@ depends on what was freed before and is not modelled.
 import math
 import os
 
-from runner.core.machine import onednn_takes_bf16
+from runner.core.machine import cpu_has_bf16
 
 WORKING_SET = 30 * 2**20  # bytes: the kernels' assumed L3 size
 L2 = 256 * 2**10  # bytes: the input kernel's per-thread threshold
@@ -46,14 +46,11 @@ def onednn() -> bool:
 def onednn_convolutions(policy: str) -> bool:
     """Whether oneDNN computes this policy's convolutions on this CPU: never float16's
     (MobileNetV2 at 96x96 under `mixed` held two 23.3 MiB buffers with oneDNN on), bfloat16's
-    where TensorFlow gives oneDNN bfloat16 (machine.onednn_takes_bf16: AVX512F or
-    AVX_NE_CONVERT). On an AMD EPYC without AVX512, oneDNN on, the example U-Net at 16 px,
-    batch 64, peaked at 75.0 MiB in bfloat16 against 9.3 in float32; on a Xeon with AVX512F
-    but no AVX512_BF16, seed 29's draw 3 (MobileNetV3Small, 56 px, bfloat16) read 0.64x an
-    estimate that counted these buffers."""
+    only where the CPU has AVX512_BF16 or AMX (on one without, oneDNN on, the example U-Net
+    at 16 px, batch 64, peaked at 75.0 MiB in bfloat16 against 9.3 in float32)."""
     if not onednn() or policy == "mixed_float16":
         return False
-    return policy != "mixed_bfloat16" or onednn_takes_bf16()
+    return policy != "mixed_bfloat16" or cpu_has_bf16()
 
 
 def scratch_bytes(op, batch: int, width: int, input_gradient: bool, threads: int) -> int:
