@@ -136,7 +136,12 @@ def test_global_average_pooling_of_a_16_bit_map_holds_a_float32_gradient_of_its_
     # Keras's mean casts a 16-bit map to float32 before reducing it, so the pooling's gradient
     # is a float32 broadcast over the map, cast back to bfloat16 beside it: 6 bytes an element,
     # with the ReLU's kept bfloat16 output 8 in all (measured: 8.0). The old rule (the gradient
-    # at the map's own width, 6 in all) read 1.33x.
-    measured = _peak_over_step(_pooled_16_bit(), tf.random.normal((8, 32, 32, 64)))
+    # at the map's own width, 6 in all) read 1.33x. A fresh process: in a suite worker that
+    # had run other tests, the allocator's free chunks read 5,980,160 bytes (1.43x).
+    measured = in_fresh_process(_pooled_peak)
     estimated = sum(backward.walk(_pooled_16_bit(), 8, 2, RematInfo()))
     assert 0.85 <= measured / estimated <= 1.25, (measured, estimated)
+
+
+def _pooled_peak() -> int:
+    return _peak_over_step(_pooled_16_bit(), tf.random.normal((8, 32, 32, 64)))
