@@ -11,7 +11,7 @@ read 0.93-1.00x, median 0.99x. They are measured, not derived: XLA's fusions dec
 keeps. CNNs under XLA (not the default on a CPU) are not fitted.
 
 - Each layer keeps Korthikanti et al.'s 16sbh + as^2b elements and 4sbh more. Dropout's masks
-  are kept as float32, not as bytes. Under recomputation the attention masks drawn in the
+  are kept as float32, not as bytes. Under recomputation the dropout masks drawn in the
   forward (the attention's as^2b and the two sbh) stay alive until their segment is rebuilt:
   a mask depends on the seed, not on the layer's input, so XLA computes it once for both.
   Backprop rebuilds the last segment first, so inside a segment's backward the masks of the
