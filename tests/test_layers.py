@@ -223,14 +223,17 @@ def test_profile_leaves_the_runs_own_figures_alone(store, tmp_path):
     assert "layers/step_time_noxla_s" in profiled and "layers/step_time_noxla_s" not in plain
 
 
-# Every family under every policy, but the transformer and MobileNet under float32: their
+# Every family under every policy, but the transformer and MobileNet under float32 (their
 # whole runs are profiled under float32 in test_profile_rows_add_up_to_the_estimate_and_are_logged,
-# which asserts the same of the rows.
+# which asserts the same of the rows) and the CNNs under mixed_bfloat16: the profile takes the
+# two 16-bit policies down one path (a 16-bit compute dtype over float32 variables), checked
+# for both on the transformer; an EfficientNet's profile takes 18-20 s a policy.
 PROFILED = [
     (model, policy)
     for model in ("transformer", "mobilenet", "efficientnet")
     for policy in ("float32", "mixed_float16", "mixed_bfloat16")
     if (model, policy) not in {("transformer", "float32"), ("mobilenet", "float32")}
+    and not (model != "transformer" and policy == "mixed_bfloat16")
 ]
 
 

@@ -23,24 +23,14 @@ REPORT = {
     "report/bar_peak_MiB.png",
     "report/memory_breakdown.png",
 }
-# The shared sweep's six jobs, in Hydra's order (the first key outermost): jobs 0 and 4 are
-# the same job, job 2 is larger (its peak about 4x job 0's at these sizes), and every second
-# job's huge learning rate makes its loss non-finite.
-JOBS = [
-    ("8", "0.01"),
-    ("8", "1e+30"),
-    ("64", "0.01"),
-    ("64", "1e+30"),
-    ("8", "0.01"),
-    ("8", "1e+30"),
-]
+# The shared sweep's three jobs, in Hydra's order: jobs 0 and 2 are the same job, job 1 is
+# larger (its peak about 4x job 0's at these sizes). A failed isolated job recorded while its
+# sweep goes on is test_sweep_resume.py's out-of-memory job (its sweep against SQLite).
+JOBS = ["8", "64", "8"]
 NAMES = [
     "baseline",
-    "trainer.lr=1e+30",
     "data.batch_size=64",
-    "data.batch_size=64 trainer.lr=1e+30",
-    "baseline (job 4)",  # a job repeated on purpose keeps a name of its own
-    "trainer.lr=1e+30 (job 5)",
+    "baseline (job 2)",  # a job repeated on purpose keeps a name of its own
 ]
 
 
@@ -56,7 +46,7 @@ def _sweep(store: str):
 
 @pytest.fixture(scope="module")
 def server_sweep(tmp_path_factory):
-    """One sweep of six jobs, each in a fresh process (sweep.isolate, the default), as a user
+    """One sweep of three jobs, each in a fresh process (sweep.isolate, the default), as a user
     types it from another directory, against a real `mlflow server`; the tests only read it
     (and run on one xdist worker with it: tests/conftest.py groups them).
     Yields (the server's URI, the finished `python run.py -m` process, its cwd)."""
@@ -71,7 +61,7 @@ def server_sweep(tmp_path_factory):
             [
                 "-m",
                 "data.batch_size=8,64,8",
-                "trainer.lr=0.01,1e30",
+                "trainer.lr=0.01",
                 *TINY["transformer"],
                 "data.train_samples=128",
                 "data.val_samples=8",
@@ -96,16 +86,15 @@ def test_sweep_against_an_mlflow_server(server_sweep):
     uri, result, cwd = server_sweep
     client, parent, children = _sweep(uri)
     assert parent.info.status == "FINISHED"
-    assert [c.data.tags["job_num"] for c in children] == ["0", "1", "2", "3", "4", "5"]
+    assert [c.data.tags["job_num"] for c in children] == ["0", "1", "2"]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
     assert [c.info.run_name for c in children] == NAMES
-    assert children[2].data.tags["overrides"].startswith("data.batch_size=64 trainer.lr=0.01")
+    assert children[1].data.tags["overrides"].startswith("data.batch_size=64 trainer.lr=0.01")
     # One run per job, each with its own job's values.
-    jobs = [(c.data.params["data.batch_size"], c.data.params["trainer.lr"]) for c in children]
-    assert jobs == JOBS
-    finished = [c for c in children if c.info.status == "FINISHED"]
-    assert len(finished) == 3 and all(c.data.metrics["mem/peak_bytes"] > 0 for c in finished)
+    assert [c.data.params["data.batch_size"] for c in children] == JOBS
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert all(c.data.metrics["mem/peak_bytes"] > 0 for c in children)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert REPORT <= artifacts
     assert "peak_MiB/base" in result.stdout  # the table printed at the end of the sweep
@@ -113,35 +102,24 @@ def test_sweep_against_an_mlflow_server(server_sweep):
     url = f"{uri}/#/experiments/{parent.info.experiment_id}/runs?workflowType=machine_learning"
     assert "peak_MiB/base" in note and url in note
     assert (cwd / "outputs" / "multirun").is_dir()  # Hydra's sweep dir under outputs/
-
-
-@pytest.mark.slow
-def test_a_failed_isolated_job_is_recorded_and_the_sweep_goes_on(server_sweep):
-    uri, result, _ = server_sweep
-    _, parent, children = _sweep(uri)
-    assert all(f"job {num} failed" in result.stderr for num in (1, 3, 5))
-    assert [c.info.status for c in children] == ["FINISHED", "FAILED"] * 3
-    for failed in children[1::2]:
-        assert failed.data.tags["failure"] == "nan" and failed.data.tags["error"]
-    assert parent.data.tags["failed_jobs"] == "3"
     # The terminal comparison reads the same runs, through the server.
     rows = compare.main(["--sweep", parent.info.run_id, "--tracking-uri", uri])
-    assert [r["status"] for r in rows] == ["FINISHED", "FAILED"] * 3
+    assert [r["status"] for r in rows] == ["FINISHED"] * 3
 
 
 @pytest.mark.slow
 def test_a_jobs_peak_does_not_depend_on_the_jobs_before_it(server_sweep):
-    # Jobs 0 and 4 are the same job; job 2, before job 4, is larger. Each job runs in a fresh
+    # Jobs 0 and 2 are the same job; job 1, before job 2, is larger. Each job runs in a fresh
     # process (sweep.isolate, the default); in-process, a small job's peak was measured 45%
     # higher after a larger one. Identical runs varied by ~5% here.
     _, _, children = _sweep(server_sweep[0])
-    first, larger, again = (children[i].data.metrics["mem/peak_bytes"] for i in (0, 2, 4))
+    first, larger, again = (children[i].data.metrics["mem/peak_bytes"] for i in (0, 1, 2))
     assert larger > 2 * first  # the job in between really was larger
     assert again == pytest.approx(first, rel=0.10)
 
 
-# The isolated path (each job in a fresh process) is test_a_failed_isolated_job_...; this is
-# the other way a sweep runs its jobs: in the sweep's own process.
+# The isolated path (each job in a fresh process) is test_sweep_resume.py's out-of-memory job;
+# this is the other way a sweep runs its jobs: in the sweep's own process.
 def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
     # trainer.device=/GPU:9 passes the command-line check and fails in device setup, where no
     # run used to be opened yet: the store had no run and the sweep's report dropped the job.

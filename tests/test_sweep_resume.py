@@ -241,7 +241,9 @@ def test_a_sweep_killed_during_job_3_resumes_without_running_job_1_again(tmp_pat
         "FAILED",
         "KILLED",
     ]
-    assert before["1"][0].data.tags["failure"] == "oom"
+    # A failed isolated job is recorded, with its kind and error, and the sweep goes on.
+    assert before["1"][0].data.tags["failure"] == "oom" and before["1"][0].data.tags["error"]
+    assert "job 1 failed" in err
     assert "error: out of memory at optimizer step 1 with micro-batch" in err  # job 2's line
     # Under the same limit smaller micro-batches fit: job 1 finished with its peak logged, and
     # job 3, after job 2 ran out of memory, trained to its checkpoints (KILLED, not FAILED).

@@ -26,6 +26,7 @@ from runner.config import compose_config
 from runner.core.process import in_fresh_process
 from runner.core.text import table
 from runner.core.units import mib
+from runner.track.client import scratch_store
 
 __all__ = ["mib", "run_jobs", "run_rounds", "table"]
 
@@ -55,7 +56,7 @@ def run_rounds(
     results: dict[str, list[dict]] = {name: [] for name in jobs}
     with tempfile.TemporaryDirectory() as tmp:
         common = [
-            f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
+            f"mlflow.tracking_uri={scratch_store(tmp)}",
             "mlflow.experiment=bench",
             "trainer.progress=false",
         ]

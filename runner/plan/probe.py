@@ -5,14 +5,10 @@ A fresh process each (runner/core/process.py): TensorFlow keeps memory for the l
 process, so what one probe allocates must not count in another, nor in the run that follows.
 """
 
-import atexit
 import os
-import shutil
 import tempfile
 from dataclasses import asdict
-from pathlib import Path
 
-from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import with_batch
@@ -20,22 +16,10 @@ from runner.core.errors import PlanError
 from runner.core.machine import CACHE_ENV, cache_dir
 from runner.core.process import in_fresh_process
 from runner.plan.line import CAP, Line, data_spec, device_info, divisors, estimate_line
+from runner.track.client import scratch_store
 from runner.train import pipeline
 
 PROBE_STEPS = 3
-_TEMPLATE: list[Path] = []  # an empty MLflow store, made once per process (_empty_store)
-
-
-def _empty_store(folder: str) -> str:
-    """A throw-away MLflow store in folder: a copy of an empty one made once in this process
-    (MLflow's schema migrations took 3.7 s for each new SQLite store, in each probe)."""
-    if not _TEMPLATE:
-        home = Path(tempfile.mkdtemp(prefix="tfmemlab-probe-store-"))
-        atexit.register(shutil.rmtree, home, True)
-        MlflowClient(tracking_uri=f"sqlite:///{home}/empty.db").search_experiments()
-        _TEMPLATE.append(home / "empty.db")
-    shutil.copy(_TEMPLATE[0], Path(folder) / "probe.db")
-    return f"sqlite:///{folder}/probe.db"
 
 
 def _quiet() -> None:
@@ -122,7 +106,7 @@ def probe(
                 "trainer.progress": False,
                 "trainer.save_model": False,  # a probe's model is thrown away
                 "profile.layers": False,
-                "mlflow.tracking_uri": _empty_store(tmp),
+                "mlflow.tracking_uri": scratch_store(tmp, "probe.db"),
                 "mlflow.experiment": "probe",
                 "mlflow.run_name": f"probe b={b}",
                 "mlflow.system_metrics": False,
