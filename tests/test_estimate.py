@@ -335,6 +335,36 @@ def test_under_xla_dropout_masks_stay_alive_until_their_segment_is_rebuilt():
 
 
 @pytest.mark.usefixtures("fresh_session")
+def test_under_xla_a_chunked_cores_loop_stays_alive_until_its_layer_is_rebuilt():
+    # Blocks of 4 keys, 2 a sequence of 8. A chunked layer keeps 20sbh, the logsumexp (asb =
+    # 64 floats) and the forward's scaled queries and blocked keys and values (3sbh):
+    # 40960 + 256 + 6144 = 47360 bytes. What its forward loop leaves alive until the layer is
+    # rebuilt (read off XLA's plans): 4sbh float32 copies of its operands and the running max
+    # and sum (2asb): 8192 + 512 = 8704.
+    layer, loop, chunked = 47360, 8704, ("model.attention=chunked", "model.attention_block=4")
+    blocks = xla("model.layers=3", *chunked, "checkpointing=blocks")
+    assert blocks["activations"] == 3 * 512 * 4 + 2 * loop + layer + XLA_EDGES
+    # The rebuilt layer's MLP moment (5sbh float32) holds the core's backward operands besides
+    # (3sbh float32 and sbh): 10240 + 8192. At the loss: logits and their gradient (4096),
+    # 3sbh (6144) and the 3 layers' loops, less the rebuilt layer: 36352 - 47360 < 0.
+    assert blocks["workspace"] == 5 * 512 * 4 + 4 * 512 * 4
+    # With dropout a layer's two sbh masks (4096 bytes) stay alive too, as the standard's: the
+    # two layers' before the rebuilt one, and the rebuilt layer's own.
+    dropped = xla("model.layers=3", *chunked, "checkpointing=blocks", "model.dropout=0.1")
+    assert dropped["activations"] == blocks["activations"] + 3 * 4096
+    # One key block (8 >= 8 tokens): XLA removes the loops and merges the backward's scores
+    # and dropout factors with the forward's; the core keeps what the standard core keeps.
+    for policy in ("none", "blocks"):
+        job = ("model.layers=2", "model.dropout=0.1", f"checkpointing={policy}")
+        one = xla(*job, "model.attention=chunked", "model.attention_block=8")
+        standard = xla(*job)
+        assert (one["activations"], one["workspace"]) == (
+            standard["activations"],
+            standard["workspace"],
+        )
+
+
+@pytest.mark.usefixtures("fresh_session")
 def test_under_xla_only_float32_updates_free_gradients_as_they_come():
     # One layer: its MLP's two kernels (16 x 64 floats each) are the largest variables, and
     # the third is smaller, so one kernel or three variables would give another sum.
