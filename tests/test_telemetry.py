@@ -11,7 +11,6 @@ from runner.measure import cpu_peak
 from runner.measure.telemetry import Memory, speed_figures
 from runner.report.timeline import timeline_figure
 from runner.train import run
-from tests.conftest import run_cli
 
 CONTRACT = [
     "mem/peak_bytes",
@@ -125,26 +124,9 @@ def test_peak_grows_with_batch_and_width(tiny_cfg):
     assert large["mem/estimate/activations_bytes"] == 4 * small["mem/estimate/activations_bytes"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_transformer_measured_over_estimate_in_band(precision, store, tmp_path):
-    # The default transformer (at tiny sizes fixed runtime buffers dominate the peak), run as a
-    # user runs it: a fresh process, so no earlier test's allocations are in its figures.
-    seed_calibration({"fp32": "float32", "bf16": "mixed_bfloat16"}[precision])
-    result = run_cli(
-        [
-            f"precision={precision}",
-            "trainer.max_steps=3",
-            "trainer.progress=false",
-            "trainer.save_model=false",
-        ],
-        cwd=tmp_path,
-        env={"MLFLOW_TRACKING_URI": store},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = MlflowClient(tracking_uri=store)
-    (mlrun,) = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
-    assert 0.5 <= mlrun.data.metrics["mem/measured_over_estimate"] <= 1.5
+# The default transformer's measured/estimate in a fresh process is checked more tightly
+# elsewhere: against XLA's own plan (tests/test_memory_figures.py, within 3%) and, for every
+# precision, on jobs drawn at random (tests/test_estimate_draws.py, 0.85-1.15).
 
 
 @pytest.mark.gpu
