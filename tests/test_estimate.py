@@ -373,6 +373,8 @@ def test_under_xla_only_float32_updates_free_gradients_as_they_come():
     assert sizes[:3] == [4096, 4096, 1024]
     assert xla()["gradients"] == 8192
     assert xla("precision=bf16")["gradients"] == sum(sizes)
+    # An accumulating step adds every gradient to its sum after the backward: all alive.
+    assert xla("accum=2")["gradients"] == sum(sizes)
     assert estimate.estimate_memory(*built("transformer"))["gradients"] == sum(sizes)
 
 

@@ -167,7 +167,7 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
     h=144, vocabulary 2101, micro-batch 1, gradients 3.3 MiB) peaked 2.2 MiB above an
     estimate with one copy."""
     if transformer_xla:
-        nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy)
+        nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy, cfg.accum)
     else:
         nbytes = _float32_bytes(trainable)
     return 2 * nbytes if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else nbytes
