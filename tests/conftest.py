@@ -75,22 +75,13 @@ def tiny_overrides(model: str = "transformer", store: str | None = None) -> list
     return TINY[model] + TINY_DATA + TINY_TRAINER + extra
 
 
-@pytest.fixture(scope="session")
-def _empty_store(tmp_path_factory) -> Path:
-    """A new SQLite MLflow store, created and migrated by MLflow once per test process
-    (creating one costs ~2 s of schema migrations): each `store` starts as a copy of it."""
-    from mlflow.tracking import MlflowClient
-
-    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
-    return db
-
-
 @pytest.fixture
-def store(tmp_path, _empty_store) -> str:
-    """A fresh SQLite MLflow store in a temp dir (a copy of a new store MLflow made)."""
-    shutil.copy(_empty_store, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path}/mlflow.db"
+def store(tmp_path) -> str:
+    """A fresh SQLite MLflow store in a temp dir: runner.track.client.scratch_store's copy of
+    one store MLflow created and migrated once in this test process (~2 s of migrations)."""
+    from runner.track.client import scratch_store
+
+    return scratch_store(tmp_path)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.core.errors import Interrupted
+from runner.track.client import scratch_store
 from tests.conftest import REPO, tiny_overrides
 
 STEPS = 4
@@ -23,14 +24,14 @@ TRUNCATED = "IndexError: Read less bytes than requested"
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory, _empty_store) -> tuple[Path, Path]:
+def stopped(tmp_path_factory) -> tuple[Path, Path]:
     """A run stopped by a real SIGTERM (sent while step 3 was saved) after its last step, 4:
     ckpt-3 and ckpt-4 kept, the run KILLED. Returns its folder (store) and run directory."""
     from runner.train import run
     from runner.train.checkpoint import TrainState
 
     folder = tmp_path_factory.mktemp("stopped")
-    shutil.copy(_empty_store, folder / "mlflow.db")
+    store = scratch_store(folder)
     save = TrainState.save
 
     def save_then_signal(state, step):
@@ -44,11 +45,7 @@ def stopped(tmp_path_factory, _empty_store) -> tuple[Path, Path]:
         patch.chdir(folder)  # outside Hydra the run directory is ./outputs/runs/<run id>
         patch.setattr(TrainState, "save", save_then_signal)
         with pytest.raises(Interrupted):
-            run(
-                compose_config(
-                    tiny_overrides("transformer", f"sqlite:///{folder}/mlflow.db") + overrides
-                )
-            )
+            run(compose_config(tiny_overrides("transformer", store) + overrides))
     (run_dir,) = (folder / "outputs" / "runs").iterdir()
     return folder, run_dir
 

@@ -6,7 +6,6 @@ Three tiny in-process runs in one real SQLite store, shared by the tests of this
 pruned run that keeps its model, the same data without keeping one, and another seed.
 """
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.track import compare
+from runner.track.client import scratch_store
 from runner.track.datasets import digest, log_datasets
 from runner.track.model import FILE, custom_objects, keep_model, load
 from runner.track.model import main as model_command
@@ -33,12 +33,11 @@ PRUNED = ["pruning=constant", "model.h=32", "model.heads=2"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, _empty_store):
+def runs(tmp_path_factory):
     """(store, {name: (cfg, result)}): kept (pruned, model kept), same (same data, no model),
     other (another seed, no model)."""
     folder = tmp_path_factory.mktemp("keep")
-    shutil.copy(_empty_store, folder / "mlflow.db")
-    store = f"sqlite:///{folder}/mlflow.db"
+    store = scratch_store(folder)
     jobs = {
         "kept": [*PRUNED, *KEEP],
         "same": [*PRUNED[1:], "trainer.jit_compile=false"],

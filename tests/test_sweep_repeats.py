@@ -4,7 +4,6 @@ each job's aggregate figures, and the comparison's intervals and marks."""
 
 import csv
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -15,19 +14,19 @@ from runner.report.sweep_plots import pareto
 from runner.sweep.repeats import JOBS_FILE
 from runner.sweep.state import SWEEP_FILE
 from runner.track import compare, spread
+from runner.track.client import scratch_store
 from tests.conftest import run_cli, tiny_overrides
 
 KEYS = {"step_s": "speed/step_time_s_p50", "samples_per_s": "speed/samples_per_s"}
 
 
 @pytest.fixture(scope="module")
-def repeated(tmp_path_factory, _empty_store):
+def repeated(tmp_path_factory):
     """An A/A sweep (trainer.seed=1,2) with sweep.repeats=2: four runs of the tiny model, each
     in a fresh process (about 50 CPU-seconds), then `sweep.resume` of the finished sweep.
     Yields (client, parent run id, sweep dir, the resume's process)."""
     folder = tmp_path_factory.mktemp("repeats")
-    shutil.copy(_empty_store, folder / "mlflow.db")
-    store = f"sqlite:///{folder}/mlflow.db"
+    store = scratch_store(folder)
     sweep_dir = folder / "sweep"
     args = ["-m", "sweep.repeats=2", "trainer.seed=1,2", *tiny_overrides("transformer", store)]
     result = run_cli([*args, f"hydra.sweep.dir={sweep_dir}"], folder, timeout=900)

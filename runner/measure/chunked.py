@@ -30,23 +30,19 @@ def loop_operands(s: int, b: int, a: int, h: int, block: int, p: int) -> int:
       sbh float32 buffers in float32; in bfloat16 two float32 and two bfloat16;
     - seed 29's draw 52 (h=40, 11 layers, 10 heads, 127 tokens, batch 6, blocks of 32,
       dropout 0.1): four sbh buffers (two of them padded to 128 tokens) and two asb.
-    With one key block (s <= block) XLA removes the loop and keeps none of them. p: the element
-    size the estimate takes for the policy under XLA on a CPU (float32's for bfloat16), at
-    most 4."""
-    if s <= block:
-        return 0
+    More than one key block (s > block): with one, XLA removes the loop, and xla_memory counts
+    the core as the standard one. p: the element size the estimate takes for the policy under
+    XLA on a CPU (float32's for bfloat16), at most 4."""
     padded = -(-s // block) * block
     return b * h * (2 * s * 4 + 2 * padded * min(p, 4)) + 2 * a * padded * b * 4
 
 
-def rebuilt_operands(s: int, b: int, h: int, block: int, p: int) -> int:
+def rebuilt_operands(s: int, b: int, h: int, p: int) -> int:
     """Bytes XLA on a CPU allocates for a rebuilt layer's chunked core backward before that
     layer's MLP backward has ended, so both are alive at once: three sbh float32 copies of the
     loop's operands and one of the key or value gradients' arrays (sbh at p). Read off the
     same buffer assignments as loop_operands (float32: four sbh float32; bfloat16: three
-    float32 and one bfloat16); none with one key block."""
-    if s <= block:
-        return 0
+    float32 and one bfloat16); more than one key block, as there."""
     return s * b * h * (3 * 4 + min(p, 4))
 
 

@@ -96,12 +96,9 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
         # What a layer's forward leaves alive until the layer is rebuilt: its dropout masks,
         # the attention's as^2b (not a chunked core's, drawn again from seeds) and its two
         # sbh, drawn as float32; and a chunked core's loop operands.
+        mask = (2 * sbh + (0 if block else ass)) * 4 if m.dropout > 0 else 0
         if block:
-            mask = chunked.loop_operands(s, b, m.heads, m.h, block, p) + (
-                2 * sbh * 4 if m.dropout else 0
-            )
-        else:
-            mask = (ass + 2 * sbh) * 4 if m.dropout > 0 else 0
+            mask += chunked.loop_operands(s, b, m.heads, m.h, block, p)
         # Segments start every k layers; the masks of the layers before a segment are alive.
         starts = range(0, m.layers, k)
         rebuilt = max(i * mask + min(k, m.layers - i) * layer for i in starts)
@@ -117,7 +114,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
     )
     in_mlp = LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4
     if block and rebuilt:  # a rebuilt chunked core's backward starts before its MLP's ends
-        in_mlp += chunked.rebuilt_operands(s, b, m.h, block, p)
+        in_mlp += chunked.rebuilt_operands(s, b, m.h, p)
     in_layer = max(in_mlp, attention)  # in the layer's MLP, or in its attention
     # At the loss, no segment is rebuilt yet: what it needs beyond the rebuilt activations.
     return kept + edges, max(in_layer, masks + at_loss - rebuilt)

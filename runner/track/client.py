@@ -105,8 +105,8 @@ _SCRATCH: list[Path] = []  # an empty, migrated SQLite store, made once per proc
 def scratch_store(folder: str | Path, name: str = "mlflow.db") -> str:
     """The URI of a new, empty SQLite store at folder/name, for runs thrown away with folder
     (a benchmark's jobs, a plan's probes): a copy of one that MLflow created and migrated once
-    in this process. Creating each afresh cost the process that opened it 3.7-8 s of schema
-    migrations (measured in each probe, and in each drawn job of the estimate's benchmark)."""
+    in this process. Creating each afresh cost the process that opened it its schema
+    migrations (3.7 s measured in each probe of runner.plan)."""
     if not _SCRATCH:
         home = Path(tempfile.mkdtemp(prefix="tfmemlab-scratch-store-"))
         atexit.register(shutil.rmtree, home, True)
