@@ -40,3 +40,11 @@ def cpu_flags() -> set[str]:
 def cpu_has_bf16() -> bool:
     """AVX512_BF16 or AMX: the CPU instructions for native bfloat16 math."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_onednn_bf16() -> bool:
+    """Whether TensorFlow gives bfloat16 operations to oneDNN on this CPU (where its oneDNN
+    operations are on): AVX512F or AVX_NE_CONVERT, TensorFlow's own test
+    (IsBF16SupportedByOneDNNOnThisCPU); oneDNN emulates the bfloat16 math without
+    AVX512_BF16."""
+    return bool({"avx512f", "avx_ne_convert"} & cpu_flags())

@@ -71,6 +71,14 @@ class _Timeline:
         return out
 
 
+def _kernel_elements(op) -> int:
+    """Elements of the kernels a layer reads in its compute dtype (a convolution's, a
+    depthwise convolution's, a Dense layer's), whose casts its input gradient reads."""
+    names = ("kernel", "depthwise_kernel", "pointwise_kernel")
+    kernels = {id(k): k for k in (getattr(op, n, None) for n in names) if k is not None}
+    return sum(math.prod(k.shape) for k in kernels.values())
+
+
 def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     """(activations kept at the peak; workspace then: the running operation's and the
     gradients waiting at skip connections) in bytes, at micro-batch b and p bytes per
@@ -146,6 +154,8 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         return producer[ins_c[0]]
 
     kept, work = _Timeline(n), _Timeline(n)
+    # The forward pass, op by op: what it keeps for the backward so far, and what op q runs on.
+    fkept, fwork, crossing = _Timeline(n), _Timeline(n), set()
     for i, op, ins, outs in ops:
         kind = layers.kind(op)
         size = sum(elements[t] for t in outs) * b
@@ -168,10 +178,26 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
             )
             last = last_alive(i, op) if inside else n - 1
             kept.add(release, last, size * max(w for _, _, w in readers))
+            if last == n - 1:  # kept through the forward pass too
+                fkept.add(i + 1, n - 1, size * max(w for _, _, w in readers))
+                crossing.update(outs)
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
         own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled)
         kept.add(i, last_alive(i, op), own)
+        if op.name not in segment:
+            fkept.add(i + 1, n - 1, own)
+        # Its kernel's 16-bit copy: the executor casts every kernel when the step starts, a
+        # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits).
+        copy = _kernel_elements(op) * p if width(op) < 4 else 0
+        kept.add(i, n - 1, copy)
+        work.add(i, i, copy)  # its 16-bit weight gradient, beside its float32 cast
+        fkept.add(0, n - 1, copy)
+        fkept.add(0, i if op.name in segment else -1, copy)
+        # Its forward: its inputs (those not kept) and output, a norm's float32 temporaries.
+        temporaries = (2 if half else 1) * inputs[0] * 4 if kind in layers.NORMS else 0
+        loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
+        fwork.add(i, i, size * width(op) + loose + temporaries)
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op)))
         if executor.conv_threads:
@@ -186,4 +212,8 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
     held, transient = kept.values(), work.values()
     grads = _in_flight(ops, n, executor).values()
     peak = max(range(n), key=lambda i: held[i] + transient[i] + grads[i])
+    fheld, ftransient = fkept.values(), fwork.values()
+    fpeak = max(range(n), key=lambda i: fheld[i] + ftransient[i])
+    if fheld[fpeak] + ftransient[fpeak] > held[peak] + transient[peak] + grads[peak]:
+        return fheld[fpeak], ftransient[fpeak], 0
     return held[peak], transient[peak], grads[peak]
