@@ -17,7 +17,12 @@ from the last to the first, as TensorFlow's executor runs a step:
   (the U-Net's allocation trace: the decoder convolution's filter gradient finished after
   the concatenation's and the upsampling's backward, its 6 MiB input alive until then);
 - a tensor read by operations on both sides of the one running (a skip connection: ResNet's
-  shortcut, U-Net's encoder features) has its gradient waiting for the earlier ones.
+  shortcut, U-Net's encoder features) has its gradient waiting for the earlier ones;
+- under a 16-bit policy every kernel's 16-bit copy is cast when the step starts (the casts
+  read only variables) and waits for its layer's input gradient, a rebuilt segment's kernels
+  twice (the forward's copy and the recomputation's); so the walk also weighs each
+  operation's forward, where a checkpointed model with small activations can peak
+  (MobileNetV2 under `blocks` in bfloat16, seen in the allocator's trace).
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
 inside it exist only while its own backward runs (it is recomputed then).
 
@@ -125,7 +130,8 @@ def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
 
 def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tuple[int, int, int]:
     """As walk, with the weight gradients in flight (Executor) in the peak's choice: (activations
-    kept, workspace, gradients and their updates' temporaries) at the peak."""
+    kept, workspace, gradients and their updates' temporaries) at the peak, the backward's or,
+    where it holds more, the forward's (no gradient exists there yet)."""
     ops, consumers, elements = _graph(model)
     n = len(ops)
     half = p < 4
@@ -177,9 +183,10 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
                 segment.get(ops[c][1].name) == segment[op.name] for c, _, _ in readers
             )
             last = last_alive(i, op) if inside else n - 1
-            kept.add(release, last, size * max(w for _, _, w in readers))
+            nbytes = size * max(w for _, _, w in readers)
+            kept.add(release, last, nbytes)
             if last == n - 1:  # kept through the forward pass too
-                fkept.add(i + 1, n - 1, size * max(w for _, _, w in readers))
+                fkept.add(i + 1, n - 1, nbytes)
                 crossing.update(outs)
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
@@ -193,7 +200,8 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         kept.add(i, n - 1, copy)
         work.add(i, i, copy)  # its 16-bit weight gradient, beside its float32 cast
         fkept.add(0, n - 1, copy)
-        fkept.add(0, i if op.name in segment else -1, copy)
+        if op.name in segment:
+            fkept.add(0, i, copy)
         # Its forward: its inputs (those not kept) and output, a norm's float32 temporaries.
         temporaries = (2 if half else 1) * inputs[0] * 4 if kind in layers.NORMS else 0
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
