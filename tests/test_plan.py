@@ -360,14 +360,19 @@ def test_accum_auto_fits_a_user_unet_in_the_budget_with_its_techniques_held(
 
 def test_16_bit_measured_time_is_looked_up_by_the_cpus_instructions():
     """A 16-bit precision's step-time ratio differs with the CPU's kernels (MobileNetV2 with
-    AVX512_BF16/AMX, oneDNN's: bf16 1.26x fp32, float16 24.9x; without, TensorFlow's own:
-    bf16 1.67x, float16 2.05x): the plan reads the ratio measured on its own kind of CPU."""
-    from runner.core.machine import cpu_has_bf16
-    from runner.plan.line import MEASURED, NO_BF16_CPU, device_class
+    AVX512_BF16/AMX, oneDNN's: bf16 1.26x fp32, float16 24.9x; with AVX512F alone, oneDNN's
+    emulated bfloat16: 1.03x; without AVX512, TensorFlow's own: bf16 1.67x, float16 2.05x):
+    the plan reads the ratio measured on its own kind of CPU."""
+    from runner.core.machine import cpu_has_bf16, cpu_onednn_bf16
+    from runner.plan.line import EMULATED_BF16_CPU, MEASURED, NO_BF16_CPU, device_class
 
-    mine = "cpu" if cpu_has_bf16() else NO_BF16_CPU
-    assert device_class(False, "bf16") == device_class(False, "mixed") == mine
+    emulated = EMULATED_BF16_CPU if cpu_onednn_bf16() else NO_BF16_CPU
+    assert device_class(False, "bf16") == ("cpu" if cpu_has_bf16() else emulated)
+    # float16 takes TensorFlow's own kernels wherever the CPU has no AVX512_BF16/AMX
+    assert device_class(False, "mixed") == ("cpu" if cpu_has_bf16() else NO_BF16_CPU)
     assert device_class(True, "bf16") == device_class(True, "mixed") == "gpu"
     for precision in ("bf16", "mixed"):
         with_amx = MEASURED["cpu", precision, "cnn", False][0]
         assert with_amx != MEASURED[NO_BF16_CPU, precision, "cnn", False][0], precision
+    emulated_bf16 = MEASURED[EMULATED_BF16_CPU, "bf16", "cnn", False][0]
+    assert len({with_amx, emulated_bf16, MEASURED[NO_BF16_CPU, "bf16", "cnn", False][0]}) == 3

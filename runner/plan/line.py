@@ -25,10 +25,12 @@ CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"  # the CPU allocator's limit, when one is set
 # Step time of a precision against fp32 at the same batch, as tfmemlab's benchmarks measured
 # it, by (device class, precision, model family, XLA): (ratio, where it was measured). A
 # CPU's class is its kernels' (device_class): "cpu", a 2-core Xeon with AVX512_BF16/AMX,
-# where TensorFlow runs oneDNN's; NO_BF16_CPU, a 2-core AMD EPYC without AVX512, where it
-# runs its own. One process per job. No GPU figure was measured (no GPU here): on a GPU the
-# FLOPs alone are used, which ignores tensor cores' 16-bit speed-up.
-NO_BF16_CPU = "cpu without AVX512_BF16/AMX"  # a device class of its own for 16-bit kernels
+# where TensorFlow runs oneDNN's; EMULATED_BF16_CPU, a 2-core Xeon with AVX512F and neither,
+# where oneDNN emulates bfloat16; NO_BF16_CPU, a 2-core AMD EPYC without AVX512, where
+# TensorFlow runs its own. One process per job. No GPU figure was measured (no GPU here): on
+# a GPU the FLOPs alone are used, which ignores tensor cores' 16-bit speed-up.
+NO_BF16_CPU = "cpu without AVX512"  # TensorFlow's own 16-bit kernels
+EMULATED_BF16_CPU = "cpu with AVX512F, without AVX512_BF16/AMX"  # oneDNN's emulated bfloat16
 UNMEASURED = "FLOPs only"  # time_from of a precision whose step-time ratio was not measured
 MEASURED = {
     # bench precision_accum: MobileNetV2 96x96, batch 8, no XLA, one run (docs/findings.md).
@@ -49,6 +51,15 @@ MEASURED = {
     # bench precision_accum --repeats 3: MobileNetV2 96x96, batch 8, no XLA: 2.048 [1.201,
     # 2.380]; TensorFlow's own float16 kernels, where oneDNN's took 24.9x.
     (NO_BF16_CPU, "mixed", "cnn", False): (2.05, "bench precision_accum, CPU, MobileNetV2"),
+    # bench plan --time --repeats 3 --steps 6 on the Xeon with AVX512F (docs/findings.md), each
+    # against fp32 at micro-batch 32: the transformer under XLA bf16 1.061 [1.018, 1.350];
+    # MobileNetV2 x0.35 at 64 px bf16 1.029 [0.906, 1.914] (within noise), where TensorFlow's
+    # own kernels took 1.67. Its float16 is TensorFlow's own, as without AVX512 (device_class).
+    (EMULATED_BF16_CPU, "bf16", "transformer", True): (
+        1.06,
+        "bench plan --time, Xeon, transformer",
+    ),
+    (EMULATED_BF16_CPU, "bf16", "cnn", False): (1.03, "bench plan --time, Xeon, MobileNetV2"),
 }
 
 
@@ -165,11 +176,18 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
 def device_class(on_gpu: bool, precision_name: str) -> str:
     """MEASURED's device class: a 16-bit precision's speed on a CPU depends on the kernels its
     instructions get (with AVX512_BF16/AMX TensorFlow runs oneDNN's, which emulate float16 at
-    25x fp32's time on MobileNetV2; without, its own: float16 at 2x, bfloat16 converted to
-    float32 and back). fp32 is every class's reference."""
+    25x fp32's time on MobileNetV2; with AVX512F alone, oneDNN's emulated bfloat16: 1.03x;
+    without AVX512, its own: float16 at 2x, bfloat16 converted to float32 and back, 1.67x).
+    Float16 takes TensorFlow's own kernels with AVX512F alone too: its class is NO_BF16_CPU
+    there (the transformer's mixed under XLA: 1.29 stored on the EPYC, 5 of 6 rows of the
+    Xeon's time check within 15% with it). fp32 is every class's reference."""
     if on_gpu:
         return "gpu"
-    return "cpu" if machine.cpu_has_bf16() else NO_BF16_CPU
+    if machine.cpu_has_bf16():
+        return "cpu"
+    if precision_name == "bf16" and machine.cpu_onednn_bf16():
+        return EMULATED_BF16_CPU
+    return NO_BF16_CPU
 
 
 def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:

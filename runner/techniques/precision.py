@@ -5,21 +5,23 @@ import contextlib
 import keras
 from omegaconf import DictConfig
 
-from runner.core.machine import cpu_has_bf16
+from runner.core.machine import cpu_has_bf16, cpu_onednn_bf16
 
 # `python -m runner.bench precision_accum` (one process per job, 2-core CPUs, the allocator's
 # pool grown first), ratios to fp32 at batch 8: MobileNetV2 96x96 without XLA, the transformer
 # (h=128, 4 layers) under XLA. By the CPU's kernels: with AVX512_BF16/AMX TensorFlow runs
-# oneDNN's (a Xeon, one run each); without, its own (an AMD EPYC without AVX512, medians of 3
-# interleaved rounds, 2026-12-04).
+# oneDNN's (a Xeon, one run each); without AVX512, its own (an AMD EPYC, medians of 3
+# interleaved rounds, 2026-12-04). With AVX512F alone oneDNN emulates bfloat16 (a Xeon,
+# `python -m runner.bench plan --time` and `checkpointing --repeats 3`, 2026-12-04); its
+# float16 runs TensorFlow's own kernels, as without AVX512.
 _MEASURED = {
-    True: {
+    "with AVX512_BF16/AMX": {
         "mixed": "saved 23% of MobileNetV2's peak but ran 25x slower per step; under XLA (the "
         "transformer) its float32 copies raised the peak 1.23-1.26x",
         "bf16": "saved 24% of MobileNetV2's peak at 1.26x the step time; under XLA (the "
         "transformer) it is computed largely in float32 (0.94-0.97x the float32 peak)",
     },
-    False: {
+    "without AVX512": {
         "mixed": "saved 13% of MobileNetV2's peak at 2.0x the step time; under XLA (the "
         "transformer) its float32 copies raised the peak 1.35x, at 1.28x the time (within noise)",
         "bf16": "saved 18% of MobileNetV2's peak at 4.4x the step time; under XLA (the "
@@ -36,13 +38,23 @@ def cpu_note(policy: str) -> str | None:
     kind = "mixed" if policy == "mixed_float16" else "bf16" if policy == "mixed_bfloat16" else None
     if kind is None:
         return None
-    native = cpu_has_bf16()
+    cpu = "with AVX512_BF16/AMX" if cpu_has_bf16() else "without AVX512"
+    if cpu_onednn_bf16() and not cpu_has_bf16():
+        if kind == "bf16":
+            return (
+                "precision=bf16 on a CPU with AVX512F and without AVX512_BF16/AMX (as this "
+                "one): oneDNN emulates bfloat16; measured on one, MobileNetV2's step took 1.03x "
+                "fp32's (within noise) and the transformer's under XLA 1.06x; the transformer "
+                "without XLA "
+                "(dropout 0) peaked at 0.83x at 1.92x the time. Its memory gain is a GPU/TPU "
+                "figure."
+            )
+        cpu = "without AVX512"  # float16: TensorFlow's own kernels, as there
     head = ": float16 is emulated" if kind == "mixed" else ""
     gain = "a GPU figure" if kind == "mixed" else "a GPU/TPU figure"
     return (
-        f"precision={kind} on a CPU{head}. Measured on a CPU with{'' if native else 'out'} "
-        f"AVX512_BF16/AMX (as this one), without XLA it {_MEASURED[native][kind]}. Its memory "
-        f"gain is {gain}."
+        f"precision={kind} on a CPU{head}. Measured on a CPU {cpu} (whose kernels this one "
+        f"runs), without XLA it {_MEASURED[cpu][kind]}. Its memory gain is {gain}."
     )
 
 
