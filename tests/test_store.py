@@ -142,10 +142,13 @@ def test_a_server_that_never_answers_is_a_one_line_error_within_10_s(tmp_path):
 
 
 def _wait_for_a_run(db: str, timeout: float = 120) -> None:
+    """Until a run in the store has its run_dir tag: the job logs it right after create_run
+    returns, so the job has its run (the run's row alone appeared, in a CI run under load,
+    before the server's answer reached the job: killed then, create_run failed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if _runs(db):
+            if any("run_dir" in run.data.tags for run in _runs(db)):
                 return
         except Exception:  # the server is still creating its store
             pass
