@@ -25,33 +25,7 @@ import keras
 from runner.measure import backward, conv_scratch, steps
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
-
-def step_peak(model, x, y, optimizer):
-    variables = model.trainable_variables
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    if optimizer is not None:
-        optimizer.build(variables)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, variables)
-        if optimizer is None:  # each gradient consumed at once: none is held
-            return tf.add_n([tf.reduce_sum(g) for g in grads])
-        # as runner/techniques/accumulation.py's update: the check reads every gradient
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        optimizer.apply(grads, variables)
-        return loss + tf.cast(finite, loss.dtype) * 0
-
-    step(x, y)
-    peaks = []
-    for _ in range(3):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        step(x, y).numpy()
-        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-    return min(peaks)
+from tests.peaks import step_peak
 
 # (micro-batch call's peak, update call's peak) of accumulation.py's step at accum=2: its two
 # compiled calls, taken from the step's closure, each measured apart.

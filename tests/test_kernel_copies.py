@@ -13,32 +13,10 @@ import tensorflow as tf
 
 from runner.measure import backward, conv_scratch
 from runner.techniques import checkpointing
+from tests.peaks import step_peak
 
 # An accumulating micro-batch's executor: each float32 weight gradient is consumed as it comes.
 ONE_AT_A_TIME = backward.Executor(slots=1, per_byte=1.0)
-
-
-def step_peak(model, x, y) -> int:
-    """Bytes the allocator holds above its resting state during a step that computes every
-    gradient and consumes each as it comes (the least of 3 steps)."""
-    variables = model.trainable_variables
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, variables)
-        return tf.add_n([tf.reduce_sum(g) for g in grads])
-
-    step(x, y)
-    peaks = []
-    for _ in range(3):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        step(x, y).numpy()
-        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-    return min(peaks)
 
 
 @pytest.fixture
