@@ -48,3 +48,14 @@ def cpu_onednn_bf16() -> bool:
     (IsBF16SupportedByOneDNNOnThisCPU); oneDNN emulates the bfloat16 math without
     AVX512_BF16."""
     return bool({"avx512f", "avx_ne_convert"} & cpu_flags())
+
+
+def cpu_kernels(precision: str) -> str:
+    """Whose kernels run a 16-bit precision ("bf16" or "mixed") on this CPU: "onednn" with
+    AVX512_BF16/AMX, "onednn_emulated" for bfloat16 with AVX512F alone (cpu_onednn_bf16),
+    else "tensorflow" (TensorFlow's own; float16 takes them wherever AMX is missing)."""
+    if cpu_has_bf16():
+        return "onednn"
+    if precision == "bf16" and cpu_onednn_bf16():
+        return "onednn_emulated"
+    return "tensorflow"

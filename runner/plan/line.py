@@ -183,11 +183,8 @@ def device_class(on_gpu: bool, precision_name: str) -> str:
     Xeon's time check within 15% with it). fp32 is every class's reference."""
     if on_gpu:
         return "gpu"
-    if machine.cpu_has_bf16():
-        return "cpu"
-    if precision_name == "bf16" and machine.cpu_onednn_bf16():
-        return EMULATED_BF16_CPU
-    return NO_BF16_CPU
+    classes = {"onednn": "cpu", "onednn_emulated": EMULATED_BF16_CPU, "tensorflow": NO_BF16_CPU}
+    return classes[machine.cpu_kernels(precision_name)]
 
 
 def time_factor(cfg: DictConfig, on_gpu: bool, jit: bool) -> tuple[float, str]:

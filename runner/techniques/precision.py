@@ -5,7 +5,7 @@ import contextlib
 import keras
 from omegaconf import DictConfig
 
-from runner.core.machine import cpu_has_bf16, cpu_onednn_bf16
+from runner.core.machine import cpu_kernels
 
 # `python -m runner.bench precision_accum` (one process per job, 2-core CPUs, the allocator's
 # pool grown first), ratios to fp32 at batch 8: MobileNetV2 96x96 without XLA, the transformer
@@ -20,6 +20,11 @@ _MEASURED = {
         "transformer) its float32 copies raised the peak 1.23-1.26x",
         "bf16": "saved 24% of MobileNetV2's peak at 1.26x the step time; under XLA (the "
         "transformer) it is computed largely in float32 (0.94-0.97x the float32 peak)",
+    },
+    "with AVX512F alone": {
+        "bf16": "took 1.03x fp32's step time on MobileNetV2 (within noise), and the "
+        "transformer (dropout 0) peaked at 0.83x at 1.92x the time; under XLA (the "
+        "transformer) it took 1.06x the time",
     },
     "without AVX512": {
         "mixed": "saved 13% of MobileNetV2's peak at 2.0x the step time; under XLA (the "
@@ -38,18 +43,11 @@ def cpu_note(policy: str) -> str | None:
     kind = "mixed" if policy == "mixed_float16" else "bf16" if policy == "mixed_bfloat16" else None
     if kind is None:
         return None
-    cpu = "with AVX512_BF16/AMX" if cpu_has_bf16() else "without AVX512"
-    if cpu_onednn_bf16() and not cpu_has_bf16():
-        if kind == "bf16":
-            return (
-                "precision=bf16 on a CPU with AVX512F and without AVX512_BF16/AMX (as this "
-                "one): oneDNN emulates bfloat16; measured on one, MobileNetV2's step took 1.03x "
-                "fp32's (within noise) and the transformer's under XLA 1.06x; the transformer "
-                "without XLA "
-                "(dropout 0) peaked at 0.83x at 1.92x the time. Its memory gain is a GPU/TPU "
-                "figure."
-            )
-        cpu = "without AVX512"  # float16: TensorFlow's own kernels, as there
+    cpu = {
+        "onednn": "with AVX512_BF16/AMX",
+        "onednn_emulated": "with AVX512F alone",
+        "tensorflow": "without AVX512",
+    }[cpu_kernels(kind)]
     head = ": float16 is emulated" if kind == "mixed" else ""
     gain = "a GPU figure" if kind == "mixed" else "a GPU/TPU figure"
     return (
