@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import contextlib
+import json
 import shutil
 import signal
 import socket
@@ -105,6 +106,20 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
         text=True,
         timeout=timeout,
     )
+
+
+def onednn_off_result(script: str, *args: str, cwd: Path = REPO, timeout: int = 600) -> dict:
+    """Run `script` (python -c) in a fresh process with oneDNN's operations off, so that the
+    CPU takes TensorFlow's own kernels whatever its features, and return the JSON it printed
+    on its line starting "RESULT "."""
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, cwd=cwd, capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(line[len("RESULT ") :])
 
 
 def run_launch(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

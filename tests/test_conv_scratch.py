@@ -9,12 +9,7 @@ the allocator's measured peak of a step in a fresh process that pins what they d
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
 1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
 
-import json
-import os
-import subprocess
-import sys
-
-from tests.conftest import REPO
+from tests.conftest import onednn_off_result
 
 SCRIPT = r"""
 import json, os, sys
@@ -88,14 +83,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_the_executor_rules_hold_the_measured_step():
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    r = json.loads(line[len("RESULT ") :])
+    r = onednn_off_result(SCRIPT, timeout=300)
     assert r["onednn"] is False  # the switch conv_scratch reads follows the variable
     # The convolutions: the scratch is most of the step, and the rule holds it. Each filter
     # gradient's buffer is counted during its own backward; in some runs the executor ran the

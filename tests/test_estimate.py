@@ -313,10 +313,40 @@ def test_under_xla_a_cpu_keeps_what_its_memory_plan_holds():
     assert loss["workspace"] == 2 * 32768 + 3 * 512 * 4
     rebuilt = xla("model.layers=2", "data.vocab_size=256", "checkpointing=blocks", spec=big)
     assert rebuilt["workspace"] == 2 * 32768 + 3 * 512 * 4 - XLA_LAYER  # the layer is not rebuilt
-    # 16-bit policies are computed and kept in float32 there; float16 keeps copies of both.
-    assert xla("model.layers=2", "precision=bf16")["activations"] == none["activations"]
-    fp16 = xla("model.layers=2", "precision=mixed")["activations"]
-    assert fp16 == 6 / 4 * none["activations"]
+
+
+@pytest.mark.usefixtures("fresh_session")
+def test_under_xla_16_bit_policies_keep_float32_and_16_bit_copies():
+    # 4 heads, so that as^2b = 1024 is not sbh = 512; edges 2 x 512 x p. XLA computes the dots
+    # in float32: bfloat16 keeps (20 x 4 - 4 x 2) x sbh (its GELU output in bfloat16 alone) and
+    # 6 bytes an as^2b (the float32 softmax and its bfloat16 rounding); with dropout 8 (the
+    # bfloat16 draw in place of the output and 32 random bits) and 2 x 512 x 2 of sbh draws.
+    heads = ("model.layers=2", "model.heads=4")
+    assert xla(*heads, "precision=bf16")["activations"] == 2 * (72 * 512 + 6 * 1024) + 4096
+    bf16 = xla(*heads, "precision=bf16", "model.dropout=0.1")["activations"]
+    assert bf16 == 2 * (72 * 512 + 2048 + 8 * 1024) + 4096
+    # float16: 6 bytes an sbh element (float32 copies beside float16), 8 an as^2b, 10 with
+    # dropout (16 random bits).
+    fp16 = xla(*heads, "precision=mixed", "model.dropout=0.1")["activations"]
+    assert fp16 == 2 * (120 * 512 + 2048 + 10 * 1024) + 2 * 512 * 6
+    fp32 = xla(*heads, "model.dropout=0.1")["activations"]  # the softmax, its output, 32 bits
+    assert fp32 == 2 * (80 * 512 + 4096 + 12 * 1024) + 4096
+
+
+@pytest.mark.usefixtures("fresh_session")
+def test_under_xla_the_scores_gradient_replaces_what_dropout_kept():
+    # 8 heads of 64 tokens: as^2b = 8 x 64^2 x 4 = 131072, sbh = 64 x 4 x 16 = 4096. Without
+    # dropout the attention's backward holds the scores' gradients (1.14 as^2b float32) beside
+    # the core's float32 softmax, less the MLP's 13sbh float32, freed: more than the MLP's
+    # moment (6sbh float32).
+    spec = DataSpec("tokens", (64,), 16, per_token=True, vocab_size=16)
+    shape = ("model.layers=1", "model.heads=8", "data.seq_len=64")
+    plain = xla(*shape, spec=spec)["workspace"]
+    assert plain == int(4.56 * 131072) - 13 * 4096 * 4
+    # With dropout the core keeps 12 bytes an as^2b, more than the 8.56 of that moment: the
+    # gradients take the place of dropout's output and draw, and the MLP's moment is the peak.
+    dropout = xla(*shape, "model.dropout=0.1", spec=spec)["workspace"]
+    assert dropout == 6 * 4096 * 4
 
 
 @pytest.mark.usefixtures("fresh_session")

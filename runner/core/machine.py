@@ -50,12 +50,24 @@ def cpu_onednn_bf16() -> bool:
     return bool({"avx512f", "avx_ne_convert"} & cpu_flags())
 
 
+def cpu_onednn_fp16() -> bool:
+    """Whether TensorFlow gives float16 operations to oneDNN on this CPU (where its oneDNN
+    operations are on): AVX512BW with AVX512_FP16 or AMX_FP16, or AVX_NE_CONVERT, TensorFlow's
+    own test (IsDataTypeSupportedByOneDNNOnThisCPU for DT_HALF); elsewhere float16 takes
+    TensorFlow's own kernels."""
+    flags = cpu_flags()
+    return bool("avx512bw" in flags and {"avx512_fp16", "amx_fp16"} & flags) or (
+        "avx_ne_convert" in flags
+    )
+
+
 def cpu_kernels(precision: str) -> str:
-    """Whose kernels run a 16-bit precision ("bf16" or "mixed") on this CPU: "onednn" with
-    AVX512_BF16/AMX, "onednn_emulated" for bfloat16 with AVX512F alone (cpu_onednn_bf16),
-    else "tensorflow" (TensorFlow's own; float16 takes them wherever AMX is missing)."""
+    """Whose kernels run a 16-bit precision ("bf16" or "mixed") on this CPU: for bfloat16
+    "onednn" with AVX512_BF16/AMX, "onednn_emulated" with AVX512F alone (cpu_onednn_bf16),
+    else "tensorflow" (TensorFlow's own); for float16 "onednn" where TensorFlow gives it to
+    oneDNN (cpu_onednn_fp16), else "tensorflow"."""
+    if precision == "mixed":
+        return "onednn" if cpu_onednn_fp16() else "tensorflow"
     if cpu_has_bf16():
         return "onednn"
-    if precision == "bf16" and cpu_onednn_bf16():
-        return "onednn_emulated"
-    return "tensorflow"
+    return "onednn_emulated" if cpu_onednn_bf16() else "tensorflow"

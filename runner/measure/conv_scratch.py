@@ -26,7 +26,7 @@ depends on what was freed before and is not modelled.
 import math
 import os
 
-from runner.core.machine import cpu_onednn_bf16
+from runner.core.machine import cpu_onednn_bf16, cpu_onednn_fp16
 
 WORKING_SET = 30 * 2**20  # bytes: the kernels' assumed L3 size
 L2 = 256 * 2**10  # bytes: the input kernel's per-thread threshold
@@ -44,15 +44,18 @@ def onednn() -> bool:
 
 
 def onednn_convolutions(policy: str) -> bool:
-    """Whether oneDNN computes this policy's convolutions on this CPU: never float16's
-    (MobileNetV2 at 96x96 under `mixed` held two 23.3 MiB buffers with oneDNN on), bfloat16's
-    where TensorFlow gives bfloat16 to oneDNN (machine.cpu_onednn_bf16). Measured with the
+    """Whether oneDNN computes this policy's convolutions on this CPU: float16's where
+    TensorFlow gives float16 to oneDNN (machine.cpu_onednn_fp16: elsewhere MobileNetV2 at
+    96x96 under `mixed` held two 23.3 MiB buffers with oneDNN on), bfloat16's where it gives
+    bfloat16 to oneDNN (machine.cpu_onednn_bf16). Measured with the
     allocator's trace of one step: on a CPU with AVX512F and no AVX512_BF16, MobileNet and
     MobileNetV2 in bfloat16 held no im2col buffer; on one without AVX512, oneDNN on, the
     example U-Net at 16 px, batch 64, peaked at 75.0 MiB in bfloat16 against 9.3 in float32
     (TensorFlow's own kernels)."""
-    if not onednn() or policy == "mixed_float16":
+    if not onednn():
         return False
+    if policy == "mixed_float16":
+        return cpu_onednn_fp16()
     return policy != "mixed_bfloat16" or cpu_onednn_bf16()
 
 

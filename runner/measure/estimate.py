@@ -58,7 +58,9 @@ def _float32_bytes(variables) -> int:
 # `python -m runner.bench precision_accum` and `memory`, one process per job, on a CPU with
 # AVX512_BF16/AMX, put the transformer's peak under XLA at 0.94-0.97x float32 for bfloat16
 # (activations kept as float32) and 1.23-1.26x for float16 (float32 copies beside the float16
-# tensors; measured/estimate 0.95-0.98 at 6 bytes). Bytes per activation element:
+# tensors; measured/estimate 0.95-0.98 at 6 bytes). Bytes per activation element (the
+# transformer's sbh terms; its attention core's and dropout's bytes are xla_memory's
+# CORE_BYTES and MASK_BYTES, read off XLA's plans):
 CPU_XLA_BYTES = {"float32": 4, "mixed_bfloat16": 4, "mixed_float16": 2 + 4}
 
 

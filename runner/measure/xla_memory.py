@@ -11,8 +11,10 @@ read 0.93-1.00x, median 0.99x. They are measured, not derived: XLA's fusions dec
 keeps. CNNs under XLA (not the default on a CPU) are not fitted.
 
 - Each layer keeps Korthikanti et al.'s 16sbh + as^2b elements and 4sbh more. Dropout's masks
-  are kept as float32, not as bytes. Under recomputation the dropout masks drawn in the
-  forward (the attention's as^2b and the two sbh) stay alive until their segment is rebuilt:
+  are kept as their random draws (32 bits under float32, 16 under 16-bit policies), not as
+  bytes; 16-bit policies keep float32 copies beside 16-bit tensors (CORE_BYTES). Under
+  recomputation the dropout masks drawn in the forward (the attention's as^2b and the two
+  sbh) stay alive until their segment is rebuilt:
   a mask depends on the seed, not on the layer's input, so XLA computes it once for both.
   Backprop rebuilds the last segment first, so inside a segment's backward the masks of the
   layers before it are alive beside it, and those after it are freed. Read off XLA's plans:
@@ -46,31 +48,65 @@ EXTRA_PER_LAYER = 4  # sbh elements a layer keeps beyond the paper's 16sbh
 LAYER_GRADIENTS = {"none": 6, "rebuilt": 5}  # sbh float32 beside the kept activations
 LOSS_GRADIENTS = 3  # sbh float32 beside the logits and their gradient
 # In the attention's backward the MLP's activations (9sbh in the paper, and the 4sbh more) are
-# freed, and the scores' gradients are alive: as^2b float32 x 1.14 (fitted, 8 heads, 256 tokens).
+# freed, and the scores' gradients are alive beside the float32 softmax: as^2b float32 x 1.14
+# (fitted, float32 without dropout, 8 heads, 256 tokens). What else the core kept (dropout's
+# output and draw, the 16-bit rounding) is freed as they are made, so the core holds the larger
+# of the two (score_moment). Read off XLA's plans of a rebuilt layer with 9 heads of 247
+# tokens (h=63, batch 14, `every`): under float32 and bfloat16 with dropout the peak held the
+# core's kept tensors and the MLP's, no scores' gradient (measured/estimate 0.86 and 0.82
+# when the gradients were counted on top of the core).
 SCORE_GRADIENTS = 1.14
 MLP_KEPT = 9 + EXTRA_PER_LAYER
 
 
-def layer_bytes(s: int, b: int, h: int, a: int, p: int, dropout: float, block=None) -> int:
+# Bytes per element of the attention's as^2b that a layer keeps, (without dropout, with it),
+# and per element of a dropout mask, by precision policy. Read off XLA's plans on a CPU (h=64,
+# 3 layers, 4 heads, 128 tokens, batch 8; `*buffer-assignment.txt`, live at the peak): XLA's
+# CPU backend computes the dots in float32 and keeps 16-bit values as 16-bit tensors beside
+# the float32 ones computed from them (tests/test_memory_figures.py checks the estimate
+# against XLA's plan on the machine the suite runs on).
+# - float32: the softmax (4); with dropout, its float32 output and the uniform draw's 32
+#   random bits (12).
+# - bfloat16: the float32 softmax and its bfloat16 rounding, which feeds the next dot (6);
+#   with dropout, the uniform draw made in bfloat16 (8): dropout's product is fused into the
+#   next dot's operand and not kept.
+# - float16: the float32 softmax and a float32 copy of its float16 rounding (8); with
+#   dropout, the draw's 16 random bits (10).
+CORE_BYTES = {"float32": (4, 12), "mixed_bfloat16": (6, 8), "mixed_float16": (8, 10)}
+MASK_BYTES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2}
+# Under bfloat16 the MLP's GELU output (4sbh), the down projection's operand, is kept as
+# bfloat16 alone (the same plans: 2 bytes an element where float32 keeps 4; float16 keeps a
+# float32 copy): bytes a layer's sbh terms keep less than (16 + EXTRA_PER_LAYER) x p.
+MLP_16BIT_SAVING = {"float32": 0, "mixed_bfloat16": 4 * 2, "mixed_float16": 0}
+
+
+def layer_bytes(s, b, h, a, p, dropout, block=None, policy="float32", core=None) -> int:
     """Activations a transformer layer keeps for backward under XLA on a CPU; with a chunked
-    core (block), what it keeps (runner/measure/chunked.py) in place of the as^2b terms."""
+    core (block), what it keeps (runner/measure/chunked.py) in place of the as^2b terms.
+    p: bytes per sbh element; policy: the precision policy (CORE_BYTES, MASK_BYTES); core:
+    the precision the attention core computes in (None: the policy's)."""
     sbh, ass = s * b * h, a * s * s * b
+    masks = 2 * sbh * MASK_BYTES[policy] if dropout > 0 else 0  # the residual path's two
+    kept = ((16 + EXTRA_PER_LAYER) * p - MLP_16BIT_SAVING[policy]) * sbh + masks
     if block:
-        return (
-            (16 + EXTRA_PER_LAYER) * sbh * p
-            + chunked.kept(s, b, a, h, xla=True)
-            + (2 * sbh * 4 if dropout > 0 else 0)
-        )
-    total = (16 + EXTRA_PER_LAYER) * sbh * p + ass * p
-    if dropout > 0:  # the two sbh masks and the attention mask as float32, and its output
-        total += (2 * sbh + ass) * 4 + ass * p
-    return total
+        return kept + chunked.kept(s, b, a, h, xla=True)
+    return kept + ass * CORE_BYTES[core or policy][dropout > 0]
 
 
-def core_bytes(s: int, b: int, a: int, p: int, dropout: float) -> int:
-    """What checkpointing=selective rebuilds of a layer: the softmax output (and dropout's)."""
+def core_bytes(s: int, b: int, a: int, dropout: float, policy: str = "float32") -> int:
+    """What checkpointing=selective rebuilds of a layer: the core's as^2b tensors, but its
+    dropout mask, which stays (CORE_BYTES)."""
     ass = a * s * s * b
-    return ass * p * (2 if dropout > 0 else 1)
+    if dropout > 0:
+        return ass * (CORE_BYTES[policy][1] - MASK_BYTES[policy])
+    return ass * CORE_BYTES[policy][0]
+
+
+def score_moment(ass: int, dropout: float, precision: str) -> int:
+    """Bytes the attention's backward holds beyond its core's kept as^2b tensors: the float32
+    softmax and the scores' gradients, less the core (CORE_BYTES), never below nothing."""
+    core = CORE_BYTES[precision][dropout > 0]
+    return int(max(0.0, 4 + SCORE_GRADIENTS * 4 - core) * ass)
 
 
 def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tuple[int, int]:
@@ -78,25 +114,33 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
     a chunked core's keys per block (None: the standard core)."""
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     sbh, ass = s * b * m.h, m.heads * s * s * b
+    precision = core = cfg.precision.policy  # core: what the attention core computes in
     if block and s <= block:
         # One key block: XLA removes the loops, and its common-subexpression pass merges the
         # backward's recomputed scores and dropout factors with the forward's, so the core
         # keeps what the standard core keeps (seed 29's draw 59, 9 layers, bfloat16, dropout:
-        # 2.18x the chunked core's count, 1.01x the standard's).
-        block = None
-    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block)
+        # 2.18x the chunked core's count, 1.01x the standard's). The chunked core computes its
+        # scores, probabilities and dropout draws in float32 (models/chunked_attention.py),
+        # so it keeps them as float32's standard core does (draw 59: 1.30 counted as
+        # bfloat16's).
+        block, core = None, "float32"
+    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block, precision, core)
     policy, masks = cfg.checkpointing.policy, 0
     if policy == "none" or (policy == "selective" and block):  # a chunked core is not rebuilt
         kept, rebuilt = m.layers * layer, 0
     elif policy == "selective":
-        rebuilt = core_bytes(s, b, m.heads, p, m.dropout)
+        rebuilt = core_bytes(s, b, m.heads, m.dropout, core)
         kept = m.layers * (layer - rebuilt) + rebuilt
     else:  # each segment of k layers keeps its input; one segment is rebuilt at a time
         k = segment_length(policy, m.layers, cfg.checkpointing.every)
         # What a layer's forward leaves alive until the layer is rebuilt: its dropout masks,
         # the attention's as^2b (not a chunked core's, drawn again from seeds) and its two
-        # sbh, drawn as float32; and a chunked core's loop operands.
-        mask = (2 * sbh + (0 if block else ass)) * 4 if m.dropout > 0 else 0
+        # sbh, as random draws (MASK_BYTES); and a chunked core's loop operands.
+        mask = (
+            2 * sbh * MASK_BYTES[precision] + (0 if block else ass * MASK_BYTES[core])
+            if m.dropout > 0
+            else 0
+        )
         if block:
             mask += chunked.loop_operands(s, b, m.heads, m.h, block, p)
         # Segments start every k layers; the masks of the layers before a segment are alive.
@@ -110,7 +154,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
     attention = (
         chunked.workspace(s, b, m.h, m.heads, p, m.dropout, block, xla=True) - MLP_KEPT * sbh * p
         if block
-        else int(SCORE_GRADIENTS * ass * 4) - MLP_KEPT * sbh * p
+        else score_moment(ass, m.dropout, core) - MLP_KEPT * sbh * p
     )
     in_mlp = LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4
     if block and rebuilt:  # a rebuilt chunked core's backward starts before its MLP's ends
