@@ -66,9 +66,11 @@ def test_layers_bench_prints_each_jobs_table_shares_and_check(capsys, monkeypatc
     # memory-bound shares and the sum of per-layer times against the step time, the verdict
     # matching the figures it prints.
     # The transformer only: MobileNetV2's 157 rows took minutes here (test_layers profiles it).
-    # At h=64, 64 tokens the MLP's matmuls sit above the CPU's ridge (at h=16, 8 tokens every
-    # layer was memory-bound, and every share read 100%).
-    small = [*TINY["transformer"], "model.h=64", "data.seq_len=64"]
+    # At h=256, 128 tokens, batch 4 the MLP's matmuls (73 FLOPs a byte in float32, 114 in
+    # bfloat16, as the profile counts them) sit well above the CPU's ridge. A CPU with AMX put
+    # its bfloat16 ridge at 48.5 alone and higher beside the other test worker (its bandwidth
+    # timed under load): at h=128, 64 tokens (57 FLOPs a byte) every share read 100% there.
+    small = [*TINY["transformer"], "model.h=256", "data.seq_len=128"]
     monkeypatch.setattr(layers_bench, "MODELS", {"transformer": small})
     _jobs_in_this_process(monkeypatch)
     tiny = [*TINY_DATA, "profile.repeats=1", "profile.steps=1"]

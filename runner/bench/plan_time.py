@@ -3,11 +3,13 @@
     python -m runner.bench plan --time [--repeats N] [--steps S] [overrides...]
 
 For each case (a model and a budget, CASES) the plan's table is computed as `python -m
-runner.plan` computes it (runner/plan/table.py). Every row that fits is then trained for S
-optimizer steps at its micro-batch and accum, each in a fresh process, beside the reference
-its time_ratio is relative to (fp32, no checkpointing, the target batch in one micro-batch),
-in N interleaved rounds (runner/bench/noise.py). A job that several cases share (the same
-row under two budgets) runs once per round.
+runner.plan plan.time_probes=true` computes it (runner/plan/table.py): the job's time
+factors (runner/plan/timing.py) are timed first, so every row's prediction is built from its
+precision's and policy's factors, each timed alone, and accumulation's cost. Every row that
+fits is then trained for S optimizer steps at its micro-batch and accum, each in a fresh
+process, beside the reference its time_ratio is relative to (fp32, no checkpointing, the
+target batch in one micro-batch), in N interleaved rounds (runner/bench/noise.py). A job
+that several cases share (the same row under two budgets) runs once per round.
 
 Per row: the predicted time_ratio, the measured one (the ratio of the two jobs' median step
 times, with its interval), and predicted/measured (target: within 15%). Per case: whether the
@@ -19,7 +21,7 @@ from runner.bench import run_rounds, table
 from runner.bench.noise import Ratio, note, ratio
 from runner.config import compose_config
 from runner.core.bootstrap import median
-from runner.plan.table import Row
+from runner.plan.table import Row, timings
 from runner.plan.table import table as plan_table
 
 TOLERANCE = 0.15  # predicted/measured time ratio within 15%
@@ -65,11 +67,15 @@ def _train(model: str, command: str, steps: int, samples: int) -> list[str]:
 
 def plans(extra: list[str]) -> dict[str, tuple[str, list[Row]]]:
     """Each case's name: its model and its plan's rows that fit, cheapest first, as
-    `python -m runner.plan` orders them."""
-    out = {}
+    `python -m runner.plan plan.time_probes=true` orders them (the job's time factors timed
+    once per model: the cases of a model share their reference job and rows)."""
+    out, timed = {}, {}
     for model, budget, plan in CASES:
         cfg = compose_config([*MODELS[model], *plan, f"plan.budget={budget}", *extra])
-        rows, *_ = plan_table(cfg)
+        if model not in timed:
+            timed[model] = timings(cfg)
+            print(f"{model}: time factors timed on the job: {timed[model]}")
+        rows, *_ = plan_table(cfg, timed=timed[model])
         out[f"{model} {budget}"] = (model, [r for r in rows if r.fits])
     return out
 

@@ -251,6 +251,9 @@ class PlanConfig:
     budget: str | None = None
     margin: float = 0.1  # the share of the budget kept free for what the prediction misses
     measure: bool = False  # runner.plan: confirm each row that fits with a short probe
+    # runner.plan: time the job's own factors in probes (runner/plan/timing.py): fp32/none in
+    # one micro-batch and in two, each other precision and policy alone; rows built from them.
+    time_probes: bool = False
     precisions: list[str] = field(default_factory=lambda: ["fp32", "mixed", "bf16"])
     policies: list[str] = field(default_factory=lambda: ["none", "selective", "blocks", "sqrt"])
     attention: list[str] = field(default_factory=lambda: ["standard"])  # the transformer's kinds

@@ -1,5 +1,6 @@
-"""Probes: a few optimizer steps of a job in a fresh process, measuring the real peak; and the
-estimate's line computed in a fresh process, so that nothing of it stays in the one that trains.
+"""Probes: a few optimizer steps of a job in a fresh process, measuring the real peak and the
+step time (runner/plan/timing.py); and the estimate's line computed in a fresh process, so
+that nothing of it stays in the one that trains.
 
 A fresh process each (runner/core/process.py): TensorFlow keeps memory for the life of a
 process, so what one probe allocates must not count in another, nor in the run that follows.

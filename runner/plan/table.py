@@ -22,6 +22,7 @@ from runner.plan.line import (
     time_factor,
 )
 from runner.plan.probe import measured_line
+from runner.plan.timing import accumulation_ratio, time_probes
 from runner.train.optimizer import resolve_jit
 
 
@@ -86,8 +87,11 @@ def _supported(name: str, on_gpu: bool) -> bool:
     return major >= (8 if name == "bf16" else 7)
 
 
-def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, float | None]:
-    """One row of the table, and the FLOPs of fp32/none once they are known."""
+def _row(
+    cfg, spec, on_gpu, name, effective, usable, base_flops, timed=None
+) -> tuple[Row, float | None]:
+    """One row of the table, and the FLOPs of fp32/none once they are known; timed: the job's
+    measured time factors (runner/plan/timing.py), which replace FLOPs and stored ratios."""
     note = ""
     attention = cfg.model.attention if cfg.model.name == "transformer" else ""
     try:
@@ -101,11 +105,14 @@ def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, f
         return row, base_flops
     if base_flops is None:  # the time ratios' reference: fp32, no checkpointing
         base_flops = estimate_line(job(cfg, "fp32", "none"), spec, on_gpu, name)[1]
-    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
-    factor, time_from = time_factor(cfg, on_gpu, jit)
     b = line.largest_fit(effective, usable)
     k = effective // b if b else None
     predicted = line.peak(b, k) if b else line.peak(1, effective)
+    jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
+    time_ratio, time_from = _time(cfg, on_gpu, jit, hardware / base_flops, timed, attention)
+    if timed and k and k > 1:
+        time_ratio += accumulation_ratio(timed, k, effective)
+        time_from += f" + {k - 1} micro-batch{'es' if k > 2 else ''} timed"
     row = Row(
         cfg.precision.name,
         cfg.checkpointing.policy,
@@ -113,7 +120,7 @@ def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, f
         k,
         mib(predicted),
         b is not None,
-        hardware / base_flops * factor,
+        time_ratio,
         time_from,
         note=note,
         attention=attention,
@@ -121,10 +128,42 @@ def _row(cfg, spec, on_gpu, name, effective, usable, base_flops) -> tuple[Row, f
     return row, base_flops
 
 
-def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
+def _time(cfg, on_gpu, jit, flops_ratio, timed, attention) -> tuple[float, str]:
+    """A row's step-time ratio to fp32/none before accumulation, and where it came from: its
+    policy's and precision's factors timed on the job where they were (timed, for the
+    reference's attention kind), else FLOPs and the benchmarks' stored ratio (time_factor)."""
+    factor, time_from = time_factor(cfg, on_gpu, jit)
+    if not timed:
+        return flops_ratio * factor, time_from
+    policy, precision, parts = cfg.checkpointing.policy, cfg.precision.name, []
+    if attention == timed["attention"] and policy in timed["policy"]:
+        flops_ratio = timed["policy"][policy]
+        parts.append(f"{policy} {flops_ratio:.2f}")
+    elif policy != "none" or attention != timed["attention"]:
+        kind = "" if attention == timed["attention"] else f"{attention} "
+        parts.append(f"{kind}{policy} by FLOPs")
+    if precision in timed["precision"]:
+        factor = timed["precision"][precision]
+        parts.append(f"{precision} {factor:.2f}")
+    elif precision != "fp32":
+        parts.append(f"{precision} {time_from}")
+    return flops_ratio * factor, f"timed on the job: {', '.join(parts) or 'fp32/none'}"
+
+
+def timings(cfg: DictConfig) -> dict | None:
+    """The job's time factors for the plan's precisions and policies (timing.time_probes), with
+    the attention kind they were timed with."""
+    reference = job(cfg, "fp32", "none")
+    timed = time_probes(reference, target_batch(cfg), cfg.plan.precisions, cfg.plan.policies)
+    attention = cfg.model.attention if cfg.model.name == "transformer" else ""
+    return {**timed, "attention": attention} if timed else None
+
+
+def table(cfg: DictConfig, timed: dict | None = None) -> tuple[list[Row], int, str, float]:
     """One row per precision x checkpointing policy (x attention kind): at the target batch,
     the largest micro-batch predicted to fit, its accum, peak and step-time ratio to fp32/none.
-    Returns
+    timed: the job's measured time factors (timing.time_probes); measured here when
+    plan.time_probes is set and none is given. Returns
     (rows sorted cheapest first, the budget, where it came from, the usable bytes)."""
     on_gpu, name = device_info()
     total, source = budget(cfg, on_gpu)
@@ -132,13 +171,15 @@ def table(cfg: DictConfig) -> tuple[list[Row], int, str, float]:
     effective = target_batch(cfg)
     spec = data_spec(cfg)
     rows, base_flops = [], None
+    if timed is None and cfg.plan.time_probes:
+        timed = timings(cfg)
     for precision in cfg.plan.precisions:
         if not _supported(precision, on_gpu):
             continue
         for policy, attention in itertools.product(cfg.plan.policies, attention_kinds(cfg)):
             row, base_flops = _row(
                 job(cfg, precision, policy, attention),
-                spec, on_gpu, name, effective, usable, base_flops,
+                spec, on_gpu, name, effective, usable, base_flops, timed,
             )  # fmt: skip
             rows.append(row)
     rows.sort(key=_cheapest_first)
