@@ -18,7 +18,11 @@ from runner.core.bootstrap import median
 from runner.plan.probe import probe
 
 TIME_STEPS = 8  # a timing probe's optimizer steps (the first, which compiles, is not timed)
-TIME_ROUNDS = 2  # interleaved rounds (A B C A B C); each figure is the median of its rounds
+# Interleaved rounds (A B C A B C); each figure is the median of its rounds. Three, so that one
+# slow round is set aside (the median of two is their mean): on a 2-core AMD EPYC one probe of
+# fp32/none read 75.1 ms a step and the next two 53.5 and 48.6; with two rounds the plan took
+# every 16-bit and `selective` row for 0.67-0.73x fp32/none, measured 1.05-1.21x.
+TIME_ROUNDS = 3
 
 
 def time_probes(
