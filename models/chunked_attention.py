@@ -18,9 +18,10 @@ pass's work waits for the output gradient, and a dropout factor for its block's 
 (control dependencies): without XLA, TensorFlow's executor runs a loop's operations as soon as
 their own inputs exist, so every layer's backward computed its blocked copies and its first
 key block's probabilities and dropout factors when the backward pass began (and every forward
-loop its first factors when the step began), and held them until its turn came. Measured, a chain of 4 cores
-(124 tokens, 14 heads, one key block, no XLA): 1.0 a*s*block*b float32 more a layer without
-dropout, 3.3 with it; with them none, and 0.2 with dropout (tests/test_chunked_attention.py).
+loop its first factors when the step began), and held them until its turn came. Measured, a
+chain of 4 cores (124 tokens, 14 heads, one key block, no XLA): 1.0 a*s*block*b float32 more a
+layer without dropout, 3.3 with it; with them none, and 0.2 with dropout
+(tests/test_chunked_attention.py).
 
 Dropout draws its mask block by block from (seed, block index) with a stateless RNG, and
 backward draws the same masks again: no mask of the scores' size is stored. These masks are
