@@ -128,10 +128,10 @@ def _backward(b: _Blocks, output, lse, dout, seed, rate: float):
         dprobs = tf.cast(tf.einsum("BNTH,BNKH->BNTK", dout, b.v[j]), _F32)
         with tf.control_dependencies([dprobs]):  # the block waits for the output gradient
             probs = tf.exp(b.scores(j) - lse[..., None])  # P_j, from the saved logsumexp
-            factor = block_dropout_scale(seed, j, tf.shape(probs), rate) if rate > 0 else 1
-        dropped = probs
-        if rate > 0:  # the forward pass's mask, drawn again
-            dropped, dprobs = probs * factor, dprobs * factor
+            dropped = probs
+            if rate > 0:  # the forward pass's mask, drawn again
+                factor = block_dropout_scale(seed, j, tf.shape(probs), rate)
+                dropped, dprobs = probs * factor, dprobs * factor
         dv = dv.write(j, tf.einsum("BNTK,BNTH->BNKH", tf.cast(dropped, dtype), dout))
         dscores = tf.cast(probs * (dprobs - delta[..., None]), dtype)
         dk = dk.write(j, tf.einsum("BNTK,BNTH->BNKH", dscores, b.q))  # q already scaled
