@@ -1,7 +1,7 @@
 """The allocator's peak of one training step, for the tests that hold the backward walk's rules
 against it (test_conv_scratch, in a fresh process of its own; test_kernel_copies, in the
-suite's). Import it after TF_CPU_ALLOCATOR_USE_BFC is set: the CPU's peak needs the BFC
-allocator."""
+suite's), and of any computation (least_peak: test_chunked_attention). Import it after
+TF_CPU_ALLOCATOR_USE_BFC is set: the CPU's peak needs the BFC allocator."""
 
 import keras
 import tensorflow as tf
@@ -29,11 +29,17 @@ def step_peak(model, x, y, optimizer=None) -> int:
         optimizer.apply(grads, variables)
         return loss + tf.cast(finite, loss.dtype) * 0
 
-    step(x, y)
+    return least_peak(lambda: step(x, y).numpy())
+
+
+def least_peak(compute) -> int:
+    """Bytes the allocator holds above its resting state while `compute()` runs (it must wait
+    for its result, e.g. read it with .numpy()): the least of 3, after a warm-up call."""
+    compute()
     peaks = []
     for _ in range(3):
         tf.config.experimental.reset_memory_stats("CPU:0")
         rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        step(x, y).numpy()
+        compute()
         peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
     return min(peaks)

@@ -19,6 +19,7 @@ from runner.cli import check_command_line
 from runner.train.job import build_model
 from runner.train.pipeline import run
 from tests.conftest import compose_config
+from tests.peaks import least_peak
 
 BATCH, HEADS, WIDTH = 2, 2, 8
 
@@ -138,14 +139,7 @@ def _chain_peak(layers: int, rate: float, s: int = 124, heads: int = 14) -> int:
             loss = tf.reduce_sum(x * x)
         return tape.gradient(loss, q)
 
-    step(q)
-    peaks = []
-    for _ in range(3):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        step(q).numpy()
-        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-    return min(peaks)
+    return least_peak(lambda: step(q).numpy())
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1])
