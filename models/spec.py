@@ -12,6 +12,9 @@ class DataSpec:
     per_token: True when the target is one class per token (language modelling),
         False when it is one class per example.
     vocab_size: number of distinct input tokens (tokens only).
+    held_bytes: what the input pipeline keeps in memory for the whole run beside its
+        micro-batches (a source's tables or arrays, the shuffle buffer's raw examples), for the
+        memory estimate; 0 where nothing is known (a spec built without the data).
     """
 
     kind: str
@@ -19,6 +22,7 @@ class DataSpec:
     num_classes: int
     per_token: bool = False
     vocab_size: int = 0
+    held_bytes: int = 0
 
     @property
     def seq_len(self) -> int:

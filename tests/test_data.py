@@ -113,3 +113,56 @@ def test_token_table_is_a_permutation_walk():
     table = _token_table(16, 5)
     assert sorted(table[:, 1]) == list(range(16))  # every next token reachable exactly once
     np.testing.assert_array_equal(table[:, 0], np.arange(16))
+
+
+def _pipeline_memory(overrides: list[str], image_model: bool) -> tuple[int, int, int]:
+    """(spec.held_bytes, what TensorFlow's allocator grew by once the training pipeline was
+    built and running, one micro-batch's bytes), on a pool grown beforehand as a run grows
+    it."""
+    import time
+
+    from runner.measure.telemetry import Memory
+
+    memory = Memory("CPU:0")
+    memory.grow_pool()
+    before = memory.current()
+    data = build_data(compose_config(overrides), image_model)
+    batches = iter(data.train)
+    x, y = next(batches)
+    time.sleep(1)  # the prefetch buffer fills
+    return data.spec.held_bytes, memory.current() - before, x.numpy().nbytes + y.numpy().nbytes
+
+
+def test_held_bytes_are_what_the_pipeline_keeps_beside_its_micro_batches(tmp_path):
+    # What the estimate's `data` part counts (runner/train/source.py held_bytes): the synthetic
+    # images' templates (20 x 96x96x3 float32, 2.1 MiB), the synthetic tokens' table (1024 x
+    # 256 int32, 1 MiB), a folder's decoded images in the shuffle buffer (24 x 64x64x3
+    # float32, 1.1 MiB). Each at micro-batch 1, so that the pipeline's 3-5 prefetched
+    # micro-batches are small beside it; each in a fresh process, as a run starts.
+    from PIL import Image
+
+    from runner.core.process import in_fresh_process
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(15):
+            pixels = rng.integers(0, 255, size=(40, 50, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / cls / f"{i}.png")
+    one = ["data.batch_size=1", "data.train_samples=64", "data.val_samples=1"]
+    cases = [
+        ([*IMAGE_OVERRIDES["mobilenet"], *one, "data.image_size=96", "data.num_classes=20"], True),
+        ([*tiny_overrides(), *one, "data.vocab_size=1024", "data.seq_len=255"], False),
+        (
+            [*IMAGE_OVERRIDES["mobilenet"], "data=image_folder", f"data.path={tmp_path}",
+             "data.image_size=64", "data.batch_size=1", "data.val_fraction=0.2"],
+            True,
+        ),
+    ]  # fmt: skip
+    expected = [20 * 96 * 96 * 3 * 4, 1024 * 256 * 4, 24 * 64 * 64 * 3 * 4]
+    for (overrides, image_model), least in zip(cases, expected, strict=True):
+        held, grown, micro_batch = in_fresh_process(_pipeline_memory, overrides, image_model)
+        assert least <= held <= least + 64 * 1024  # and the shuffle buffer's indices
+        # what is held, up to twice (the allocator hands a request a free chunk of up to twice
+        # its size), beside the pipeline's prefetched micro-batches
+        assert held <= grown <= 2 * held + 6 * micro_batch

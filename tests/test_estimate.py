@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 from models.spec import DataSpec  # noqa: E402
 from runner.measure import backward, estimate, flops  # noqa: E402
 from runner.techniques import checkpointing, precision  # noqa: E402
+from runner.track.compare import PARTS  # noqa: E402  (every part the estimate has)
 from runner.train.job import build_model  # noqa: E402
 from runner.train.optimizer import build_optimizer  # noqa: E402
 from tests.conftest import compose_config, tiny_overrides  # noqa: E402
@@ -21,7 +22,6 @@ TOKENS = DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16)
 IMAGES = DataSpec("image", (32, 32, 3), 10)
 # The scalars an optimizer keeps beside its slots (iteration, learning rate, loss scale).
 SCALAR_BYTES = 64
-PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "activations", "workspace")
 
 
 @pytest.fixture

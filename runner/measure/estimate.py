@@ -177,12 +177,22 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
 
 # Micro-batches of input the runner's pipeline (runner/train/data.py: map -> batch ->
 # prefetch(AUTOTUNE)) holds during a step, the step's own included: measured between draws,
-# synthetic images at 32-96 px, micro-batch 8-32, beside a consumer: 3.7-5.2.
+# synthetic images at 32-96 px, micro-batch 8-32, beside a consumer: 3.7-5.2 (3.0-4.8 again
+# at accum 1, 2 and 4). On a GPU the pipeline's buffers are host memory: the device holds
+# the step's own micro-batch only.
 INPUT_MICRO_BATCHES = 4
+# What TensorFlow's BFC allocator adds to a step's own allocations without XLA: it splits a
+# free chunk only if the chunk is at least twice the request, and hands over a smaller one
+# whole. **Measured**, not derived (which chunk is free when is the executor's order of
+# allocations, which the walk does not follow): in allocation traces (TensorFlow's profiler)
+# of 16 CNN jobs drawn at random (runner.bench.draws, seed 29: MobileNet v1-v3, EfficientNet
+# B0-B3 and V2, DenseNet121, every precision), the step's allocations alive at its peak held
+# 1.8-26.6% more than they asked for, 9.3% over all.
+ALLOCATOR_WASTE = 0.093
 
 
 def _graph_activations(
-    model, b: int, p: int, remat: RematInfo, executor: backward.Executor
+    model, b: int, p: int, remat: RematInfo, executor: backward.Executor, on_gpu: bool = False
 ) -> tuple[int, int, int]:
     """(activations, workspace, gradients in flight) of a functional model at the peak of its
     step, from the backward walk (runner/measure/backward.py): the tensors the backward pass
@@ -191,16 +201,24 @@ def _graph_activations(
     connections hold (with a convolution's buffers); and the weight gradients still being
     applied (0 unless `executor` models them). XLA fuses further."""
     kept, workspace, grads = backward.walk_step(model, b, p, remat, executor)
-    return kept + _inputs_bytes(model, b), workspace, grads
+    return kept + _inputs_bytes(model, b, on_gpu), workspace, grads
 
 
-def _inputs_bytes(model, b: int) -> int:
-    """The input micro-batches the pipeline holds (INPUT_MICRO_BATCHES), in float32."""
-    return INPUT_MICRO_BATCHES * b * sum(math.prod(t.shape[1:]) for t in model.inputs) * 4
+def _inputs_bytes(model, b: int, on_gpu: bool = False) -> int:
+    """The input micro-batches the pipeline holds (INPUT_MICRO_BATCHES; on a GPU the step's
+    own), in float32."""
+    micro_batches = 1 if on_gpu else INPUT_MICRO_BATCHES
+    return micro_batches * b * sum(math.prod(t.shape[1:]) for t in model.inputs) * 4
 
 
 def estimate_memory(
-    model, optimizer, cfg, spec, cpu_xla: bool = False, remat: RematInfo | None = None
+    model,
+    optimizer,
+    cfg,
+    spec,
+    cpu_xla: bool = False,
+    remat: RematInfo | None = None,
+    on_gpu: bool = False,
 ) -> dict[str, int]:
     """Bytes of each part training keeps at its peak, and their sum under "total". For a
     subclassed model (not a graph), activations and workspace are not modelled: they are left
@@ -208,6 +226,8 @@ def estimate_memory(
 
     model: the model before checkpointing wrapped it; remat: what checkpointing.apply did.
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
+    on_gpu: the estimate is of a GPU's memory, where the input pipeline's buffers and what the
+    data source keeps (spec.held_bytes) are not: they are host memory.
     """
     trainable = model.trainable_variables
     p = _activation_bytes(cfg, cpu_xla)
@@ -217,6 +237,7 @@ def estimate_memory(
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
     gradients = _gradient_bytes(trainable, optimizer, cfg, transformer_xla)
+    waste = 0  # the transformer's rules are XLA's buffers, or fitted to peaks that hold it
     if not_modelled(cfg, model):  # a subclassed model's insides
         activations, workspace = None, None
     elif transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
@@ -228,15 +249,17 @@ def estimate_memory(
     else:
         executor = steps.executor(optimizer, cfg, cpu_xla)
         activations, workspace, in_flight = _graph_activations(
-            model, cfg.data.batch_size, p, remat or RematInfo(), executor
+            model, cfg.data.batch_size, p, remat or RematInfo(), executor, on_gpu
         )
         if executor.slots:  # the gradients alive at the peak, not all of them
             gradients = in_flight
         if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
             update = steps.update_call_bytes(trainable, optimizer, steps.inter_op_threads())
-            inputs = _inputs_bytes(model, cfg.data.batch_size)  # all that is alive beside it
+            inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
             if update + inputs > activations + workspace + gradients:
                 activations, workspace, gradients = inputs, 0, update
+        if not cpu_xla:
+            waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     parts = {
@@ -249,8 +272,12 @@ def estimate_memory(
         # running float32 sum beside the current micro-batch's gradients.
         "accumulation": _float32_bytes(trainable) if cfg.accum > 1 else 0,
         "masks": _float32_bytes(kernels),
+        # The input pipeline's tables, arrays and shuffle buffer (runner/train/source.py),
+        # kept for the whole run in the allocator a CPU trains with.
+        "data": 0 if on_gpu else spec.held_bytes,
         "activations": activations,
         "workspace": workspace,
+        "allocator": waste,
     }
     if activations is None:  # no total: a sum without the activations would read as one
         return {**{k: v for k, v in parts.items() if v is not None}, "total": None}

@@ -150,17 +150,17 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
         model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg.precision)
         optimizer.build(model.trainable_variables)
-        one = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat)
+        one = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat, on_gpu)
         two = estimate.estimate_memory(
-            built, optimizer, with_batch(cfg, 2, 2), spec, cpu_xla, remat
+            built, optimizer, with_batch(cfg, 2, 2), spec, cpu_xla, remat, on_gpu
         )
         flops_cfg = with_batch(cfg, effective, 1)
         model_flops = flops.model_flops_per_step(built, flops_cfg, spec)
         hardware = flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
-    fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks")}
+    fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks", "data")}
     if one["total"] is None:  # a subclassed model: the probes measure what it keeps per example
         return Line(sum(fixed.values()), two["accumulation"], None, fixed), hardware
-    one_batch, two_batch = (e["activations"] + e["workspace"] for e in (one, two))
+    one_batch, two_batch = (e["activations"] + e["workspace"] + e["allocator"] for e in (one, two))
     per_sample = two_batch - one_batch
     # What does not grow with the micro-batch (a grouped convolution's XLA buffer) stays.
     fixed["workspace"] = max(0, one_batch - per_sample)
@@ -169,7 +169,7 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
         for b in divisors(effective):
             k = effective // b
             at = estimate.estimate_memory(
-                built, optimizer, with_batch(cfg, b, k), spec, cpu_xla, remat
+                built, optimizer, with_batch(cfg, b, k), spec, cpu_xla, remat, on_gpu
             )
             line.points[b] = at["total"] - at["accumulation"] - line.fixed
     if len(line.points) > 1:  # the slope where the plan's large micro-batches are

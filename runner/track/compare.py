@@ -36,7 +36,8 @@ FIGURES = [
 ]
 RATIOS = ("peak_MiB", "step_s", "samples_per_s")
 # The estimate's parts (mem/estimate/<part>_bytes), kept as est_<part>_MiB in the CSV.
-PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "activations", "workspace")
+PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "data")
+PARTS += ("activations", "workspace", "allocator")
 
 
 def sweep_runs(client: MlflowClient, parent_id: str) -> list[Run]:

@@ -11,7 +11,7 @@ draws `accum` of them, one at a time, per optimizer step.
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import psutil
@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from models.spec import DataSpec
 from runner.train import custom, sources
-from runner.train.source import Source, image_prepare, pixel_range, to_range
+from runner.train.source import Source, held_bytes, image_prepare, pixel_range, to_range
 
 AUTOTUNE = tf.data.AUTOTUNE
 DIGITS_SEQ_LEN = 64  # 8x8 pixels, read as tokens by the transformer
@@ -58,6 +58,13 @@ def _token_table(vocab: int, length: int) -> np.ndarray:
     return table
 
 
+def _in_tensorflow(array: np.ndarray) -> tf.Tensor:
+    """A tensor of `array` in TensorFlow's allocator, always: tf.constant borrows a numpy
+    buffer it finds aligned (a 4 MiB token table was then missing from the allocator's count
+    in one process and present in the next), and copies one it does not."""
+    return tf.raw_ops.DeepCopy(x=tf.constant(array))
+
+
 def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     """Generated examples: the index of each example seeds its content (stateless, repeatable)."""
     d = cfg.data
@@ -65,8 +72,8 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     val = tf.data.Dataset.range(d.train_samples, d.train_samples + d.val_samples)
     if image_model:
         shape = (d.image_size, d.image_size, 3)
-        templates = tf.constant(
-            np.random.default_rng(seed).normal(size=(d.num_classes, *shape)), dtype=tf.float32
+        templates = _in_tensorflow(
+            np.random.default_rng(seed).normal(size=(d.num_classes, *shape)).astype(np.float32)
         )
         pixels = pixel_range(cfg)
 
@@ -79,9 +86,9 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
             image = 0.5 + 0.15 * (0.5 * tf.gather(templates, label) + noise)
             return to_range(tf.clip_by_value(image, 0.0, 1.0), 1.0, pixels), label
 
-        spec = DataSpec("image", shape, d.num_classes)
+        spec, constant = DataSpec("image", shape, d.num_classes), templates
     else:
-        table = tf.constant(_token_table(d.vocab_size, d.seq_len + 1))
+        table = _in_tensorflow(_token_table(d.vocab_size, d.seq_len + 1))
 
         def prepare(index):
             pair = tf.stack([tf.constant(seed, tf.int64), index])
@@ -92,7 +99,10 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
         spec = DataSpec(
             "tokens", (d.seq_len,), d.vocab_size, per_token=True, vocab_size=d.vocab_size
         )
-    return Source(train, val, prepare, spec, d.train_samples)
+        constant = table
+    # Every example is drawn from one constant, kept for the run.
+    held = constant.shape.num_elements() * constant.dtype.size
+    return Source(train, val, prepare, spec, d.train_samples, held)
 
 
 def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:
@@ -117,7 +127,7 @@ def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     val_idx, train_idx = order[:n_val], order[n_val:]
     train = tf.data.Dataset.from_tensor_slices((examples[train_idx], labels[train_idx]))
     val = tf.data.Dataset.from_tensor_slices((examples[val_idx], labels[val_idx]))
-    return Source(train, val, prepare, spec, len(train_idx))
+    return Source(train, val, prepare, spec, len(train_idx), examples.nbytes + labels.nbytes)
 
 
 def image_folder(cfg: DictConfig, image_model: bool, seed: int) -> Source:
@@ -184,7 +194,8 @@ def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1, measure=Fa
     train = _train_pipeline(source, buffer, seed, batch)
     val = source.val.map(source.prepare, num_parallel_calls=AUTOTUNE)
     val = val.batch(cfg.data.batch_size).prefetch(AUTOTUNE)
-    data = Data(train, val, source.spec, source.train_size, steps_per_epoch)
+    spec = replace(source.spec, held_bytes=held_bytes(source, buffer))
+    data = Data(train, val, spec, source.train_size, steps_per_epoch)
     data.twin = lambda: _train_pipeline(source, buffer, seed, batch)
     if measure:
         next(iter(data.twin()))  # a twin's batch: the order training sees is left as it is

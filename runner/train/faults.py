@@ -23,10 +23,10 @@ def out_of_memory(err, job: Job, built: Built):
     """The same error, its message saying what ran out and which levers to try."""
     cfg = job.cfg
     cpu_xla = estimate.is_cpu_xla(job.jit, job.device_name)
-    parts = estimate.estimate_memory(
-        built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat
-    )
     on_gpu = "GPU" in job.device_name.upper()
+    parts = estimate.estimate_memory(
+        built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat, on_gpu
+    )
     limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if not on_gpu else None
     b, k = cfg.data.batch_size, cfg.accum
     halved = f"accum={2 * k} data.batch_size={b // 2} (the same effective batch), " if b > 1 else ""

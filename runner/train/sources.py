@@ -175,7 +175,8 @@ def arrays(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     train = tf.data.Dataset.from_tensor_slices(train_idx).with_options(options)
     val = tf.data.Dataset.from_tensor_slices(val_idx).with_options(options)
-    return Source(train, val, prepare, spec, len(train_idx))
+    held = sum(v.shape.num_elements() * v.dtype.size for v in (x, y))
+    return Source(train, val, prepare, spec, len(train_idx), held)
 
 
 def _windows(path: str, size: int, first: int, count: int) -> tf.data.Dataset:
