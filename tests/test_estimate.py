@@ -92,6 +92,32 @@ def test_accumulation_buffer(accum, copies):
 
 
 @pytest.mark.usefixtures("fresh_session")
+def test_what_the_pipeline_holds_counts_on_a_cpu_not_on_a_gpu():
+    # The data part (what runner/train/data.py's held_bytes says the pipeline keeps) and the
+    # input micro-batches: on a GPU the pipeline's buffers are host memory, and the device
+    # holds the step's own micro-batch only.
+    model, opt, cfg, _ = built("mobilenet")
+    spec = DataSpec("image", (32, 32, 3), 10, held_bytes=123_456)
+    cpu = estimate.estimate_memory(model, opt, cfg, spec)
+    gpu = estimate.estimate_memory(model, opt, cfg, spec, on_gpu=True)
+    assert (cpu["data"], gpu["data"]) == (123_456, 0)
+    micro_batch = cfg.data.batch_size * 32 * 32 * 3 * 4
+    moved = (estimate.INPUT_MICRO_BATCHES - 1) * micro_batch
+    assert cpu["activations"] - gpu["activations"] == moved
+
+
+@pytest.mark.usefixtures("fresh_session")
+def test_the_allocators_share_is_counted_on_a_functional_step_without_xla_only():
+    model, opt, cfg, spec = built("mobilenet")
+    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    step = parts["activations"] + parts["workspace"] + parts["gradients"]
+    assert parts["allocator"] == int(estimate.ALLOCATOR_WASTE * step) > 0
+    assert estimate.estimate_memory(model, opt, cfg, spec, cpu_xla=True)["allocator"] == 0
+    # the transformer's rules are XLA's buffers, or fitted to peaks that hold the rounding
+    assert estimate.estimate_memory(*built("transformer"))["allocator"] == 0
+
+
+@pytest.mark.usefixtures("fresh_session")
 def test_masks_only_when_pruning():
     model, opt, cfg, spec = built("transformer")
     assert estimate.estimate_memory(model, opt, cfg, spec)["masks"] == 0
