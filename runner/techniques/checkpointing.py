@@ -85,15 +85,17 @@ class Remat(keras.layers.Layer):
 
 
 def saves_nothing(info: RematInfo) -> str | None:
-    """Why a policy cannot save memory on this model, or None: a single segment holding every
-    block rebuilds all their activations at once in backprop, so the peak stays and only the
-    extra forward pass is paid. The run says so before it trains (issue 15)."""
+    """Why a policy can save little memory on this model, or None: a single segment holding
+    every block rebuilds all their activations at once in backprop, so the peak stays or
+    falls little, and the extra forward pass is paid (one measured exception: a 1-layer
+    transformer drawn at random, without XLA, 33.5 MiB under `blocks` against 47.0 under
+    `none`). The run says so before it trains (issue 15)."""
     if info.policy in ("none", "selective") or info.segments != 1:
         return None
     return (
-        f"checkpointing={info.policy} saves no memory here: the model's {info.blocks} "
-        f"block(s) form one segment, rebuilt whole in backprop; it only costs a forward pass "
-        "more. Use checkpointing=none or selective, or a model with more layers"
+        f"checkpointing={info.policy} saves little memory here: the model's {info.blocks} "
+        f"block(s) form one segment, rebuilt whole in backprop; it costs a forward pass more. "
+        "Use checkpointing=none or selective, or a model with more layers"
     )
 
 
