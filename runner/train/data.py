@@ -60,7 +60,7 @@ def _token_table(vocab: int, length: int) -> np.ndarray:
 
 def _in_tensorflow(array: np.ndarray) -> tf.Tensor:
     """A tensor of `array` in TensorFlow's allocator, always: tf.constant borrows a numpy
-    buffer it finds aligned (a 4 MiB token table was then missing from the allocator's count
+    buffer it finds aligned (a 1 MiB token table was then missing from the allocator's count
     in one process and present in the next), and copies one it does not."""
     return tf.raw_ops.DeepCopy(x=tf.constant(array))
 
