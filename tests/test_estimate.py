@@ -106,6 +106,12 @@ def test_what_the_pipeline_holds_counts_on_a_cpu_not_on_a_gpu():
     assert cpu["activations"] - gpu["activations"] == moved
 
 
+def test_a_gpus_name_is_told_from_a_cpus():
+    # runner.train.device.describe names a GPU by its model, without the word "GPU"
+    assert estimate.on_gpu("NVIDIA H200") and estimate.on_gpu("/GPU:0")
+    assert not estimate.on_gpu("CPU AMD EPYC (2 cores)")
+
+
 @pytest.mark.usefixtures("fresh_session")
 def test_the_allocators_share_is_counted_on_a_functional_step_without_xla_only():
     model, opt, cfg, spec = built("mobilenet")

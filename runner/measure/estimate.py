@@ -39,9 +39,14 @@ def attention_block(cfg, spec) -> int | None:
     return min(cfg.model.attention_block, spec.seq_len)
 
 
+def on_gpu(device_name: str) -> bool:
+    """Whether runner.train.device.describe's name is a GPU's ("NVIDIA H200", "/GPU:0")."""
+    return "GPU" in device_name.upper() or "NVIDIA" in device_name
+
+
 def is_cpu_xla(jit: bool, device_name: str) -> bool:
     """Whether XLA compiles the steps for a CPU (device_name: runner.train.device.describe's)."""
-    return jit and "GPU" not in device_name.upper() and "NVIDIA" not in device_name
+    return jit and not on_gpu(device_name)
 
 
 def _nbytes(variables) -> int:

@@ -52,9 +52,9 @@ class RunFacts:
 
 
 def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
-    on_gpu = "GPU" in facts.device_name.upper()
+    gpu = estimate.on_gpu(facts.device_name)
     parts = estimate.estimate_memory(
-        facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat, on_gpu
+        facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat, gpu
     )
     peak = facts.history.steady_peak
     reserved, reserved_source = facts.mem.reserved()  # one read (nvidia-smi on a GPU)

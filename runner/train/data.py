@@ -20,7 +20,14 @@ from omegaconf import DictConfig
 
 from models.spec import DataSpec
 from runner.train import custom, sources
-from runner.train.source import Source, held_bytes, image_prepare, pixel_range, to_range
+from runner.train.source import (
+    Source,
+    held_bytes,
+    image_prepare,
+    pixel_range,
+    tensor_bytes,
+    to_range,
+)
 
 AUTOTUNE = tf.data.AUTOTUNE
 DIGITS_SEQ_LEN = 64  # 8x8 pixels, read as tokens by the transformer
@@ -101,8 +108,7 @@ def synthetic(cfg: DictConfig, image_model: bool, seed: int) -> Source:
         )
         constant = table
     # Every example is drawn from one constant, kept for the run.
-    held = constant.shape.num_elements() * constant.dtype.size
-    return Source(train, val, prepare, spec, d.train_samples, held)
+    return Source(train, val, prepare, spec, d.train_samples, tensor_bytes(constant))
 
 
 def digits(cfg: DictConfig, image_model: bool, seed: int) -> Source:

@@ -23,7 +23,7 @@ def out_of_memory(err, job: Job, built: Built):
     """The same error, its message saying what ran out and which levers to try."""
     cfg = job.cfg
     cpu_xla = estimate.is_cpu_xla(job.jit, job.device_name)
-    on_gpu = "GPU" in job.device_name.upper()
+    on_gpu = estimate.on_gpu(job.device_name)
     parts = estimate.estimate_memory(
         built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat, on_gpu
     )

@@ -35,11 +35,14 @@ def held_bytes(source: Source, buffer: int) -> int:
     134x134x3 float32 and the shuffle buffer's indices, 2.059 MiB (2.063 counted); a 4096 x
     1025 int32 token table, 16.022 MiB (16.023); a folder's 96 decoded 96x96 images in the
     shuffle buffer, about 10.4 MiB beside the prefetched micro-batches (10.1)."""
-    per_example = 0
-    for spec in tf.nest.flatten(source.train.element_spec):
-        if spec.dtype != tf.string and spec.shape.is_fully_defined():
-            per_example += spec.shape.num_elements() * spec.dtype.size
-    return source.held_bytes + buffer * per_example
+    parts = tf.nest.flatten(source.train.element_spec)
+    known = [s for s in parts if s.dtype != tf.string and s.shape.is_fully_defined()]
+    return source.held_bytes + buffer * sum(tensor_bytes(s) for s in known)
+
+
+def tensor_bytes(tensor) -> int:
+    """Bytes of a tensor, variable or TensorSpec of known shape."""
+    return tensor.shape.num_elements() * tensor.dtype.size
 
 
 def to_range(image: tf.Tensor, scale: float, pixels: tuple[float, float]) -> tf.Tensor:

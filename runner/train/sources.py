@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from models.spec import DataSpec
 from runner.core import datafiles
 from runner.core.errors import ConfigError
-from runner.train.source import Source, image_prepare, pixel_range
+from runner.train.source import Source, image_prepare, pixel_range, tensor_bytes
 
 AUTOTUNE = tf.data.AUTOTUNE
 BYTE_VOCAB = 256  # data=text: a token is a byte
@@ -175,8 +175,7 @@ def arrays(cfg: DictConfig, image_model: bool, seed: int) -> Source:
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     train = tf.data.Dataset.from_tensor_slices(train_idx).with_options(options)
     val = tf.data.Dataset.from_tensor_slices(val_idx).with_options(options)
-    held = sum(v.shape.num_elements() * v.dtype.size for v in (x, y))
-    return Source(train, val, prepare, spec, len(train_idx), held)
+    return Source(train, val, prepare, spec, len(train_idx), tensor_bytes(x) + tensor_bytes(y))
 
 
 def _windows(path: str, size: int, first: int, count: int) -> tf.data.Dataset:
