@@ -108,18 +108,26 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
     )
 
 
-def onednn_off_result(script: str, *args: str, cwd: Path = REPO, timeout: int = 600) -> dict:
-    """Run `script` (python -c) in a fresh process with oneDNN's operations off, so that the
-    CPU takes TensorFlow's own kernels whatever its features, and return the JSON it printed
-    on its line starting "RESULT "."""
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONPATH": str(REPO)}
+def fresh_result(
+    script: str, *args: str, env: dict | None = None, cwd: Path = REPO, timeout: int = 600
+) -> dict:
+    """Run `script` (python -c) in a fresh process (its allocator's pool in a known state, its
+    kernels chosen by `env` over this one's) and return the JSON it printed on its line
+    starting "RESULT "."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     done = subprocess.run(
-        [sys.executable, "-c", script, *args], env=env, cwd=cwd, capture_output=True,
+        [sys.executable, "-c", script, *args], env=full_env, cwd=cwd, capture_output=True,
         text=True, timeout=timeout,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     return json.loads(line[len("RESULT ") :])
+
+
+def onednn_off_result(script: str, *args: str, cwd: Path = REPO, timeout: int = 600) -> dict:
+    """fresh_result with oneDNN's operations off, so that the CPU takes TensorFlow's own
+    kernels whatever its features."""
+    return fresh_result(script, *args, env={"TF_ENABLE_ONEDNN_OPTS": "0"}, cwd=cwd, timeout=timeout)
 
 
 def run_launch(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -11,8 +11,9 @@ import keras
 import pytest
 import tensorflow as tf
 
-from runner.measure import backward, conv_scratch, steps
+from runner.measure import backward, conv_scratch
 from runner.techniques import checkpointing
+from tests.conftest import fresh_result
 from tests.peaks import step_peak
 
 # An accumulating micro-batch's executor: each float32 weight gradient is consumed as it comes.
@@ -58,29 +59,50 @@ def test_16_bit_kernel_copies_hold_the_measured_step(bf16_stack, policy):
     assert 0.8 <= measured / (kept + work + grads) <= 1.15, (measured, kept, work, grads)
 
 
+FLOAT16_CONVOLUTIONS = r"""
+import json, os
+os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+import keras
+import tensorflow as tf
+from runner.measure import backward, conv_scratch, steps
+from runner.techniques import checkpointing
+from tests.conftest import fresh_result
+from tests.peaks import step_peak
+
+keras.mixed_precision.set_global_policy("mixed_float16")
+inp = keras.Input((96, 96, 3))
+first = keras.layers.Conv2D(32, 3, strides=2, padding="same")
+h = keras.layers.Conv2D(64, 3, padding="same")(first(inp))
+pooled = keras.layers.GlobalAveragePooling2D()(h)
+cnn = keras.Model(inp, keras.layers.Dense(10, dtype="float32")(pooled))
+keras.mixed_precision.set_global_policy("float32")
+tf.zeros((256 * 2**20 // 4,))  # the allocator's pool grown first, as the runner does
+b = 8
+x, y = tf.random.normal((b, 96, 96, 3)), tf.zeros((b,), tf.int32)
+measured = step_peak(cnn, x, y)
+onednn = conv_scratch.onednn_convolutions("mixed_float16")
+threads = steps.threads(tf.config.threading.get_intra_op_parallelism_threads())
+executor = backward.Executor(conv_threads=0 if onednn else threads)
+kept, work, _ = backward.walk_step(cnn, b, 2, checkpointing.RematInfo(), executor)
+other = 0 if onednn else conv_scratch.scratch_bytes(first, b, 2, False, threads)
+print("RESULT " + json.dumps([onednn, measured, kept, work, other]))
+"""
+
+
 def test_float16_convolutions_hold_im2col_buffers_only_where_tensorflow_keeps_them():
     """Whether a float16 convolution's backward holds im2col buffers follows TensorFlow's own
     test (machine.cpu_onednn_fp16: AVX512BW with AVX512_FP16 or AMX_FP16, or AVX_NE_CONVERT,
     give float16 to oneDNN): on a CPU with AMX and AVX512_FP16 this step measured 8.6 MiB, the
-    walk 7.9 without the buffers and 29.9 with them; with oneDNN off, 42.9 against 29.9 (two
-    filter gradients at once, as in test_conv_scratch). Seed 29's draw 17 (MobileNetV2 in
-    float16) had read 0.23 there, the buffers counted."""
-    keras.backend.clear_session()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        inp = keras.Input((96, 96, 3))
-        h = keras.layers.Conv2D(32, 3, strides=2, padding="same")(inp)
-        h = keras.layers.Conv2D(64, 3, padding="same")(h)
-        pooled = keras.layers.GlobalAveragePooling2D()(h)
-        cnn = keras.Model(inp, keras.layers.Dense(10, dtype="float32")(pooled))
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-    tf.zeros((256 * 2**20 // 4,))  # the allocator's pool grown first, as the runner does
-    b = 8
-    x, y = tf.random.normal((b, 96, 96, 3)), tf.zeros((b,), tf.int32)
-    measured = step_peak(cnn, x, y)
-    onednn = conv_scratch.onednn_convolutions("mixed_float16")
-    threads = steps.threads(tf.config.threading.get_intra_op_parallelism_threads())
-    executor = backward.Executor(conv_threads=0 if onednn else threads)
-    kept, work, _ = backward.walk_step(cnn, b, 2, checkpointing.RematInfo(), executor)
-    assert 0.85 <= measured / (kept + work) <= 1.6, (onednn, measured, kept, work)
+    walk 7.9 without the buffers and 29.9 with them. Seed 29's draw 17 (MobileNetV2 in
+    float16) had read 0.23 there, the buffers counted.
+
+    Where TensorFlow's own kernels take them, the two filter gradients run one after the other
+    or at once, as the executor's two threads happen to take them: on a 2-core AMD EPYC the
+    allocator's trace read 30.5 MiB (the walk's one at a time, 29.9) in some calls and 42.9 in
+    others, the second layer's 24.0 MiB buffer beside the first's 13.6 (the walk does not
+    model the second order). It runs in a fresh process: in a suite worker, whose pool earlier
+    tests had cut up, the same step read 1.61x the walk (chunks handed out whole)."""
+    onednn, measured, kept, work, other = fresh_result(FLOAT16_CONVOLUTIONS, timeout=300)
+    assert 0.85 * (kept + work) <= measured <= 1.15 * (kept + work + other), (
+        onednn, measured, kept, work, other,
+    )  # fmt: skip
