@@ -24,6 +24,18 @@ import keras
 import tensorflow as tf
 
 
+def after(dy, x):
+    """x, read only once dy exists. A backward's terms that need x alone would otherwise be
+    computed by the executor as soon as x exists, in the forward pass, and held until dy
+    comes: a transformer without XLA held each GELU's float32 slope (16 bytes per element of
+    its 4h-wide input) and each LayerNorm's float32 centred input (4 bytes per element) from
+    its forward to its backward, 24sbh bytes a layer beyond what it keeps (a 7-layer
+    transformer at s=77, b=18, h=36, one head, bfloat16: 8.2 MiB of 44.1 at its peak, read off
+    the allocator's trace of a step)."""
+    with tf.control_dependencies([dy]):
+        return tf.identity(x)
+
+
 def _moments(x):
     """float32 x, and its mean and variance over the last axis."""
     xf = tf.cast(x, tf.float32)
@@ -40,7 +52,7 @@ def layer_norm(x, gamma, beta, epsilon: float):
         y = (xf - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
 
         def backward(dy):
-            xf, mean, variance = _moments(x)
+            xf, mean, variance = _moments(after(dy, x))
             inv = tf.math.rsqrt(variance + epsilon)
             xhat = (xf - mean) * inv
             dy = tf.cast(dy, tf.float32)
@@ -88,7 +100,7 @@ def gelu(x):
     y = 0.5 * xf * (1.0 + tf.math.erf(xf * _SQRT_HALF))
 
     def backward(dy):
-        xf = tf.cast(x, tf.float32)
+        xf = tf.cast(after(dy, x), tf.float32)
         slope = 0.5 * (1.0 + tf.math.erf(xf * _SQRT_HALF)) + xf * _INV_SQRT_2PI * tf.exp(
             -0.5 * xf * xf
         )
