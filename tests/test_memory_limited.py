@@ -167,8 +167,8 @@ def test_gelu_and_layer_norm_hold_only_their_input_from_forward_to_backward():
     bfloat16, 30-32sbh bytes a block here against the 20sbh the block keeps (the norm's and the
     first Dense's inputs, sbh each; GELU's and the second Dense's, 4sbh each, at 2 bytes).
     Measured as what each block adds to the step's peak (6 blocks against 2, so the head and
-    the transients cancel; 18.7-21.8 with the wait). In float32 (no cast to wait behind) the same stack read 40-45sbh
-    with and without the wait."""
+    the transients cancel): 18.7-21.8sbh with the wait. In float32 (no cast to wait behind)
+    the same stack read 40-45sbh with and without it."""
     from tests.peaks import least_peak
 
     b, s, h = 8, 128, 64
