@@ -10,7 +10,7 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner.measure import backward, estimate, flops, transformer_memory  # noqa: E402
+from runner.measure import backward, chunked, estimate, flops, transformer_memory  # noqa: E402
 from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.track.compare import PARTS  # noqa: E402  (every part the estimate has)
 from runner.train.job import build_model  # noqa: E402
@@ -113,14 +113,14 @@ def test_a_gpus_name_is_told_from_a_cpus():
 
 
 @pytest.mark.usefixtures("fresh_session")
-def test_the_allocators_share_is_counted_on_a_functional_step_without_xla_only():
-    model, opt, cfg, spec = built("mobilenet")
-    parts = estimate.estimate_memory(model, opt, cfg, spec)
-    step = parts["activations"] + parts["workspace"] + parts["gradients"]
-    assert parts["allocator"] == int(estimate.ALLOCATOR_WASTE * step) > 0
-    assert estimate.estimate_memory(model, opt, cfg, spec, cpu_xla=True)["allocator"] == 0
-    # the transformer's rules are XLA's buffers, or fitted to peaks that hold the rounding
-    assert estimate.estimate_memory(*built("transformer"))["allocator"] == 0
+def test_the_allocators_share_is_counted_on_a_step_without_xla_only():
+    for name in ("mobilenet", "transformer"):
+        model, opt, cfg, spec = built(name)
+        parts = estimate.estimate_memory(model, opt, cfg, spec)
+        step = parts["activations"] + parts["workspace"] + parts["gradients"]
+        assert parts["allocator"] == int(estimate.ALLOCATOR_WASTE * step) > 0, name
+        # under XLA the buffers are its plan's
+        assert estimate.estimate_memory(model, opt, cfg, spec, cpu_xla=True)["allocator"] == 0
 
 
 @pytest.mark.usefixtures("fresh_session")
@@ -226,9 +226,34 @@ def test_the_transformers_peak_is_its_loss_or_its_last_layers_backward_not_both(
     cfg = compose_config(tiny_overrides("transformer") + ["checkpointing=blocks"])
     held = transformer_memory.kept(cfg, TOKENS, 4, None)
     act, work = transformer_memory.activations(cfg, TOKENS, 4, None)
-    assert act == held["backward"] and work > held["head"]
+    # here the last layer's MLP backward: GELU's output gradient and two float32 products
+    assert (act, work) == (held["backward"], 48 * 8 * 4 * 16)
     parts = estimate.estimate_memory(*built("transformer", "checkpointing=blocks"))
     assert (parts["activations"], parts["workspace"]) == (act, work)
+
+
+def test_a_chunked_cores_backward_is_counted_after_its_layers_mlp_half_is_freed():
+    """chunked.workspace is the core's own (measured on the core alone); when the core's
+    backward runs, its layer's MLP activations (10sbh elements, and the two residual dropout
+    masks) are freed. The standard core's fitted constants were fitted with them counted."""
+    s, b, h = 256, 4, 16
+    spec = DataSpec("tokens", (s,), 16, per_token=True, vocab_size=16)
+    sbh = s * b * h
+    for dropout in (0.0, 0.1):
+        extra = ["model.attention=chunked", "model.attention_block=64", f"model.dropout={dropout}"]
+        cfg = compose_config(tiny_overrides("transformer") + extra)
+        held = transformer_memory.kept(cfg, spec, 4, 64)
+        act, work = transformer_memory.activations(cfg, spec, 4, 64)
+        freed = 10 * sbh * 4 + (2 * sbh if dropout else 0)
+        assert (act, work) == (
+            held["backward"] - freed,
+            chunked.workspace(s, b, h, 2, 4, dropout, 64),
+        )
+        assert act + work > held["backward"] + transformer_memory.mlp_workspace(sbh, 4)
+    cfg = compose_config(tiny_overrides("transformer") + ["data.seq_len=256"])
+    act, work = transformer_memory.activations(cfg, spec, 4, None)
+    core = transformer_memory.core_workspace(s, b, h, 2, 4, 0.0)
+    assert (act, work) == (transformer_memory.kept(cfg, spec, 4, None)["backward"], core)
 
 
 @pytest.mark.usefixtures("fresh_session")
@@ -325,29 +350,29 @@ def test_mfu(args, expected):
 @pytest.mark.usefixtures("fresh_session")
 def test_workspace_without_xla_is_the_largest_float32_temporary():
     model, opt, cfg, spec = built("transformer", "model.layers=3")
-    # s=8, b=4, h=16, a=2: the MLP's 16sbh = 8192 bytes beat the scores' 5as^2b = 2560.
-    assert estimate.estimate_memory(model, opt, cfg, spec)["workspace"] == 16 * 512
+    # s=8, b=4, h=16, a=2: GELU's backward (48sbh = 24576 bytes in float32: its output
+    # gradient and two float32 products) beats the scores' 3.2as^2b = 1638.
+    assert estimate.estimate_memory(model, opt, cfg, spec)["workspace"] == 48 * 512
     bf16 = built("transformer", "model.layers=3", "precision=bf16")
-    assert estimate.estimate_memory(*bf16)["workspace"] == 16 * 512 * 3.5  # float32 copies
-    # 16 heads: as^2b = 16*8*8*4 = 4096 elements against sbh = 512. The scores' temporaries
-    # (per element by precision and dropout, fitted) win in float32, GELU's float32 copies
-    # (16sbh x 3.5 = 28672 bytes) at 16 bits without dropout; the same for every policy.
-    for policy_name, dropout, expected in (
-        ("fp32", 0, int(3.2 * 4096)),
-        ("fp32", 0.1, int(3.6 * 4096)),
-        ("bf16", 0, 28672),
-        ("mixed", 0.1, 28672),
+    assert estimate.estimate_memory(*bf16)["workspace"] == 56 * 512  # float32 copies
+    # 16 heads at 64 tokens: as^2b = 16*64*64*4 = 262144 elements against sbh = 4096. The
+    # scores' temporaries (per element by precision and dropout, fitted) win over GELU's
+    # (48 or 56 sbh), the same for every policy.
+    long = DataSpec("tokens", (64,), 16, per_token=True, vocab_size=16)
+    for policy_name, dropout, per_score in (
+        ("fp32", 0, 3.2),
+        ("fp32", 0.1, 3.6),
+        ("bf16", 0, 5.0),
+        ("mixed", 0.1, 3.4),
     ):
         for policy in ("none", "blocks", "selective"):
-            heads = built(
-                "transformer",
-                "model.heads=16",
-                "model.layers=2",
-                f"precision={policy_name}",
-                f"model.dropout={dropout}",
-                f"checkpointing={policy}",
+            extra = [f"precision={policy_name}", f"model.dropout={dropout}", "model.heads=16"]
+            cfg = compose_config(
+                tiny_overrides("transformer") + extra + [f"checkpointing={policy}"]
             )
-            assert estimate.estimate_memory(*heads)["workspace"] == expected
+            p = estimate.ACTIVATION_BYTES[cfg.precision.policy]
+            _, work = transformer_memory.activations(cfg, long, p, None)
+            assert work == int(per_score * 262144), (policy_name, dropout, policy)
 
 
 def xla(*extra, spec=TOKENS):

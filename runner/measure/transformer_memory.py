@@ -47,29 +47,39 @@ def attention_core_bytes(
     return ass * p + ((ass + ass * p) if dropout > 0 else 0)
 
 
-def workspace(s, b, h, a, p, dropout, block=None) -> int:
-    """Bytes alive beside the kept activations at the peak without XLA: the larger of two
-    transients, both **fitted** to measured BFC peaks (this CPU, 4 runs of 18 jobs at
-    s=256, b=8, h=32, 4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective;
-    checked at an MLP-bound size, h=128 at 128 tokens, and at s=512, b=2):
-    - attention: the softmax's float32 temporaries and the gradients of the probabilities,
-      per scores element: 3.2 bytes in float32 (3.6 with dropout), 5 at 16 bits (3.4 with
-      dropout), whatever the checkpointing policy;
-    - MLP: GELU over the 4h-wide activation, on float32 copies under 16-bit policies.
-    The attention core's backward runs in a fixed order (models/memory_limited.py): left to
-    the executor, the same job's peak moved by up to 25% from one run to the next.
-    """
-    sbh, ass = s * b * h, a * s * s * b
+def core_workspace(s, b, h, a, p, dropout, block=None) -> int:
+    """Bytes the attention core's backward holds beside what the step keeps. A chunked core
+    (block): runner/measure/chunked.py's rule, derived term by term. The standard core: the
+    softmax's float32 temporaries and the gradients of the probabilities, **fitted** per
+    scores element to measured BFC peaks (this CPU, 4 runs of 18 jobs at s=256, b=8, h=32,
+    4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective): 3.2 bytes in
+    float32 (3.6 with dropout), 5 at 16 bits (3.4 with dropout), whatever the policy. On the
+    bytes requested (the allocator's traces of those 18 jobs after memory_limited.after, the
+    allocator's rounding apart) the jobs without dropout needed 3.03-3.24 in float32 and
+    5.24-5.34 at 16 bits. The core's backward runs in a fixed order (models/memory_limited.py):
+    left to the executor, the same job's peak moved by up to 25% from one run to the next."""
     if block:
-        return max(
-            chunked.workspace(s, b, h, a, p, dropout, block), 16 * sbh * (3.5 if p == 2 else 1)
-        )
+        return chunked.workspace(s, b, h, a, p, dropout, block)
     if p == 4:
         per_score = 3.6 if dropout > 0 else 3.2
     else:
         per_score = 3.4 if dropout > 0 else 5.0
-    mlp = 16 * sbh * (3.5 if p == 2 else 1)
-    return int(max(per_score * ass, mlp))
+    return int(per_score * a * s * s * b)
+
+
+def mlp_workspace(sbh: int, p: int) -> int:
+    """Bytes GELU's backward holds beside its input, over the 4h-wide activation (read off the
+    allocator's traces of the drawn transformers at their peaks in an MLP's backward): in
+    float32 the output gradient and two float32 products (48sbh bytes); at 16 bits the
+    output gradient, float32 copies of it and of the input, and one float32 product (56sbh)."""
+    return 48 * sbh if p == 4 else 56 * sbh
+
+
+def mlp_bytes(sbh: int, p: int, dropout: float) -> int:
+    """What a layer keeps for its MLP half: the norm's input, the first linear's input, GELU's
+    input and the second linear's input (10sbh elements), and with dropout the two residual
+    dropouts' masks (sbh bytes each): all freed once the backward has passed the MLP."""
+    return 10 * sbh * p + (2 * sbh if dropout > 0 else 0)
 
 
 def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
@@ -109,18 +119,25 @@ def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
 
 
 def activations(cfg, spec, p: int, block: int | None) -> tuple[int, int]:
-    """(activations, workspace) at the step's peak without XLA: the larger of two moments.
+    """(activations, workspace) at the step's peak without XLA: the largest of three moments.
     - The loss: what the forward pass kept, the head's gradient in the logits' buffer, and the
       logits layer's own gradients (the head's backward).
-    - The last layer's backward: what backward keeps (one segment rebuilt), and the larger of
-      its attention core's and its MLP's transients (workspace).
+    - The last layer's MLP backward: what backward keeps (one segment rebuilt) and GELU's
+      backward (mlp_workspace).
+    - Its attention core's backward: what backward keeps, and the core's transients; a chunked
+      core's after the layer's MLP activations are freed (its rule is the core's alone; the
+      standard core's constants were fitted with them counted).
     The head's gradient is freed once the logits layer's two gradients are computed, before
     the layers' backward reaches its peak: in the allocator's traces of 28 transformers drawn
     at random (seeds 29 and 31, jit_compile=false), the head's buffer was freed before the
     first layer's backward peaked in every one; summing it with that peak had read up to
     1.6x the measured step (a 1-layer model with 2,546 classes under `blocks`)."""
     held, m = kept(cfg, spec, p, block), cfg.model
-    transients = workspace(spec.seq_len, cfg.data.batch_size, m.h, m.heads, p, m.dropout, block)
+    s, b = spec.seq_len, cfg.data.batch_size
+    sbh = s * b * m.h
+    core = core_workspace(s, b, m.h, m.heads, p, m.dropout, block)
+    freed = mlp_bytes(sbh, p, m.dropout) if block else 0
     loss = (held["forward"] + held["head"], held["head_backward"])
-    layers = (held["backward"], transients)
-    return max(loss, layers, key=sum)
+    mlp = (held["backward"], mlp_workspace(sbh, p))
+    attention = (held["backward"] - freed, core)
+    return max(loss, mlp, attention, key=sum)
