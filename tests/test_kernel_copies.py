@@ -69,7 +69,6 @@ import keras
 import tensorflow as tf
 from runner.measure import backward, conv_scratch, steps
 from runner.techniques import checkpointing
-from tests.conftest import fresh_result
 from tests.peaks import step_peak
 
 keras.mixed_precision.set_global_policy("mixed_float16")

@@ -156,7 +156,6 @@ def estimate_memory(
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
     gradients = _gradient_bytes(trainable, optimizer, cfg, transformer_xla)
-    waste = 0
     if not_modelled(cfg, model):  # a subclassed model's insides
         activations, workspace = None, None
     elif transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
@@ -167,7 +166,6 @@ def estimate_memory(
         activations, workspace = transformer_memory.activations(
             cfg, spec, p, attention_block(cfg, spec)
         )
-        waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
     else:
         executor = steps.executor(optimizer, cfg, cpu_xla)
         activations, workspace, in_flight = _graph_activations(
@@ -180,8 +178,9 @@ def estimate_memory(
             inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
             if update + inputs > activations + workspace + gradients:
                 activations, workspace, gradients = inputs, 0, update
-        if not cpu_xla:
-            waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
+    waste = 0  # the allocator's rounding of a step without XLA (XLA's buffers are its plan's)
+    if activations is not None and not cpu_xla:
+        waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     parts = {

@@ -1,7 +1,8 @@
 """What a transformer's training step holds without XLA (models/transformer.py; under XLA on a
 CPU: runner/measure/xla_memory.py), for the estimate (runner/measure/estimate.py): the
 activations each layer keeps for backward, by checkpointing policy, and the transients beside
-them at the step's two candidate peaks, the loss and the last layer's backward."""
+them at the step's three candidate peaks: the loss, the last layer's MLP backward and its
+attention core's backward."""
 
 import math
 
