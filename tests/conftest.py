@@ -108,6 +108,12 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 
     )
 
 
+# The executor's inter-op threads (TF_NUM_INTEROP_THREADS, read when TensorFlow starts): with one,
+# independent operations run in one order, so a test of which tensors a rule keeps alive reads
+# one figure (with two, a step's order, and its peak, can change from one call to the next).
+ONE_THREAD = {"TF_NUM_INTEROP_THREADS": "1"}
+
+
 def fresh_result(
     script: str, *args: str, env: dict | None = None, cwd: Path = REPO, timeout: int = 600
 ) -> dict:
