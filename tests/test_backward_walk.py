@@ -110,6 +110,47 @@ def _grouped_peak() -> int:
     return _peak_over_step(_grouped(), tf.random.normal((8, 4, 4, 64)))
 
 
+def test_under_xla_on_a_cpu_a_depthwise_convolution_holds_the_dense_filter_gradient():
+    # DepthwiseConv2D(3) on 4x4x256 in a step XLA compiles: XLA's CPU backward builds its
+    # filter gradient as a dense 3x3x256x256 convolution and masks it, as a grouped Conv2D's
+    # (2 x 2,359,296 bytes). Keras MobileNet (53 px, batch 1) under trainer.jit_compile=true
+    # had read 1.97x its estimate for this (EfficientNet B0 at 134 px: 4.56x). Not compiled,
+    # TensorFlow's own depthwise kernels hold no such buffer.
+    model = _depthwise()
+    buffer = 2 * 3 * 3 * 256 * 256 * 4
+    assert layers.grouped_conv_bytes(model.layers[1], xla=False) == 0
+    walked = {
+        xla: sum(backward.walk_step(model, 8, 4, RematInfo(), backward.Executor(cpu_xla=xla)))
+        for xla in (False, True)
+    }
+    assert walked[True] - walked[False] == buffer
+    measured = in_fresh_process(_depthwise_xla_peak)
+    assert 0.85 <= measured / walked[True] <= 1.15, (measured, walked)
+
+
+def _depthwise() -> keras.Model:
+    x = keras.Input((4, 4, 256))
+    return keras.Model(x, L.DepthwiseConv2D(3, padding="same")(x))
+
+
+def _depthwise_xla_peak() -> int:
+    """Requested bytes (tests/peaks.py): the allocator handed XLA's 4.7 MiB buffer a chunk of
+    8 MiB whole (it splits one only at twice the request), 8,537,088 bytes at the peak."""
+    from tests.peaks import requested_peak
+
+    model, x = _depthwise(), tf.random.normal((8, 4, 4, 256))
+    wrt = [x, *model.trainable_variables]
+
+    @tf.function(jit_compile=True)
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(model(x, training=True))
+        return tape.gradient(loss, wrt)
+
+    return requested_peak(lambda: [g.numpy() for g in step()])
+
+
 def test_hard_swish_keeps_its_input_and_two_tensors_its_gradient_reads_as_measured():
     # MobileNetV3's hard-swish, x * (relu6(x + 3) / 6): the product's gradient reads x and the
     # quotient, the division's and Relu6's read relu6's output (measured: 3 tensors a layer in

@@ -102,11 +102,13 @@ class Executor:
     threads; 0: gradients not modelled here. per_byte: bytes an update holds per byte of its
     float32 gradient, the gradient included.
     conv_threads: the intra-op threads of the CPU convolution kernels whose im2col buffers
-    runner/measure/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU)."""
+    runner/measure/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU).
+    cpu_xla: the step is compiled by XLA for a CPU (layers.grouped_conv_bytes)."""
 
     slots: int = 0
     per_byte: float = 1.0
     conv_threads: int = 0
+    cpu_xla: bool = False
 
 
 def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
@@ -207,7 +209,7 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
         fwork.add(i, i, size * width(op) + loose + temporaries)
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
-        work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op)))
+        work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
         if executor.conv_threads:
             grad_in = any(t in producer for t in ins)  # not a model input
             threads = executor.conv_threads

@@ -203,26 +203,39 @@ def own_kept_bytes(
     return nbytes
 
 
-def grouped_conv_bytes(op) -> int:
+def grouped_conv_bytes(op, xla: bool = False) -> int:
     """Keras compiles a grouped convolution with XLA even in a step that is not compiled
     (keras/src/backend/tensorflow/nn.py conv: 'grouped convolutions are broken on CPU without
     XLA'); on a CPU, XLA computes the filter gradient of one with one input channel per group
     (ConvNeXt's depthwise Conv2D) as a dense convolution and masks it: a buffer of 2 x kh x kw
     x Cin x Cout float32, whatever the batch. Measured (largest raw allocation of its
     forward+backward): 2.00x at C=768, 384, 256 and 96, kernels 3, 5 and 7, batch 4 to 16,
-    float32 and bfloat16 alike. Other groupings allocated 0.1-1.8x that, with no rule found."""
+    float32 and bfloat16 alike. Other groupings allocated 0.1-1.8x that, with no rule found.
+    In a step XLA compiles on a CPU (xla), a DepthwiseConv2D (and a SeparableConv2D's
+    depthwise half) is such a convolution too: XLA's buffer assignment of keras MobileNet's
+    micro-batch step (53 px, batch 1) peaks with f32[3,3,1024,1024] (the dense filter
+    gradient) and f32[1024,3,3,1024] (masked) of its last depthwise layer, 72 of 107 MiB."""
     kernel = getattr(op, "kernel", None)
     groups = getattr(op, "groups", 1)
-    if groups <= 1 or kernel is None or kernel.shape[-2] != 1:
-        return 0
-    return 2 * math.prod(kernel.shape[:-2]) * groups * kernel.shape[-1] * 4
+    if groups > 1 and kernel is not None and kernel.shape[-2] == 1:
+        return 2 * math.prod(kernel.shape[:-2]) * groups * kernel.shape[-1] * 4
+    depthwise = getattr(op, "depthwise_kernel", None)  # SeparableConv2D's
+    if isinstance(op, keras.layers.DepthwiseConv2D):
+        depthwise = kernel
+    if xla and depthwise is not None:  # [kh, kw, C, multiplier]: dense [kh, kw, C, C x mult]
+        kh, kw, channels, multiplier = depthwise.shape
+        return 2 * kh * kw * channels * channels * multiplier * 4
+    return 0
 
 
-def workspace_bytes(op, kind_name: str, out: int, inputs: list[int], width: int) -> int:
+def workspace_bytes(
+    op, kind_name: str, out: int, inputs: list[int], width: int, xla: bool = False
+) -> int:
     """Bytes a layer's backward holds while it runs (out, inputs: elements): its output
     gradient beside the gradients of its inputs; an Add passes its output gradient on and
     allocates none; a norm computes NORM_TEMPORARIES float32 tensors of its input's size
-    beside its output gradient; a grouped convolution adds XLA's buffer. A nearest-neighbour
+    beside its output gradient; a grouped convolution adds XLA's buffer, and under XLA on a
+    CPU (xla) a depthwise one does too (grouped_conv_bytes). A nearest-neighbour
     UpSampling2D is two repeats (ops.repeat: tile and reshape), whose gradients are sums: the
     width repeat's (out / fw elements) is computed beside the output gradient (seen in the
     U-Net's allocation trace: Repeat_1/Sum, half the output, beside it). A global average
@@ -239,7 +252,7 @@ def workspace_bytes(op, kind_name: str, out: int, inputs: list[int], width: int)
         nbytes = out * width + inputs[0] * (4 + width)
     else:
         nbytes = (out + sum(inputs)) * width
-    return nbytes + grouped_conv_bytes(op)
+    return nbytes + grouped_conv_bytes(op, xla)
 
 
 def _nbytes(t) -> int:

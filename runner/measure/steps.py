@@ -45,7 +45,7 @@ def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     on_cpu = not tf.config.list_logical_devices("GPU")
     conv = on_cpu and not cpu_xla and not conv_scratch.onednn_convolutions(cfg.precision.policy)
     intra = threads(threading.get_intra_op_parallelism_threads()) if conv else 0
-    return backward.Executor(slots, per_byte, intra)
+    return backward.Executor(slots, per_byte, intra, cpu_xla=on_cpu and cpu_xla)
 
 
 def update_call_bytes(trainable, optimizer, slots: int) -> int:
