@@ -88,6 +88,7 @@ def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
     checkpointing policy), in bytes: "forward", kept when the forward pass ends (the layers'
     activations, or only the segments' inputs under recomputation); "backward", kept while
     the last layer's backward runs (one rebuilt segment beside the inputs of the others);
+    "first", kept while the first layer's backward runs (its own, or its rebuilt segment's);
     "head", the float32 gradient the cross-entropy computes with its loss (measured: 1.00x
     the logits, whose buffer it is; the logits are not kept); "head_backward", the logits
     layer's float32 input and kernel gradients. The embedding output and the final norm's
@@ -95,6 +96,7 @@ def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     policy = cfg.checkpointing.policy
     layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block)
+    first = layer  # kept while the first layer's backward runs: its own activations
     if policy == "none" or (policy == "selective" and block):  # a chunked core is not rebuilt
         forward = backward = m.layers * layer
     elif policy == "selective":
@@ -109,18 +111,26 @@ def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
         k = segment_length(policy, m.layers, cfg.checkpointing.every)
         forward = math.ceil(m.layers / k) * s * b * m.h * p
         backward = forward + min(k, m.layers) * layer
+        first = s * b * m.h * p + min(k, m.layers) * layer  # the first segment, rebuilt
     edges = 2 * s * b * m.h * p  # embedding output and final LayerNorm output
     positions = b * (s if spec.per_token else 1)
     return {
         "forward": forward + edges,
         "backward": backward + edges,
+        "first": first + edges,
+        "edges": edges,
         "head": positions * spec.num_classes * 4,
         "head_backward": (positions * m.h + m.h * spec.num_classes) * 4,
     }
 
 
-def activations(cfg, spec, p: int, block: int | None) -> tuple[int, int]:
-    """(activations, workspace) at the step's peak without XLA: the largest of three moments.
+def activations(
+    cfg, spec, p: int, block: int | None, grads: tuple[int, int, int, int] = (0, 0, 0, 0)
+) -> tuple[int, int, int]:
+    """(activations, workspace, gradients) at the step's peak without XLA: the largest of its
+    moments. grads: the float32 weight gradients alive at the loss, while the last layer's
+    backward runs, while the first layer's runs, and when the backward ends (estimate.py's
+    _gradients_alive).
     - The loss: what the forward pass kept, the head's gradient in the logits' buffer, and the
       logits layer's own gradients (the head's backward).
     - The last layer's MLP backward: what backward keeps (one segment rebuilt) and GELU's
@@ -128,6 +138,10 @@ def activations(cfg, spec, p: int, block: int | None) -> tuple[int, int]:
     - Its attention core's backward: what backward keeps, and the core's transients; a chunked
       core's after the layer's MLP activations are freed (its rule is the core's alone; the
       standard core's constants were fitted with them counted).
+    - The first layer's MLP and attention backward, with what is kept then (its own layer, or
+      its rebuilt segment) and the gradients born by then.
+    - The backward's end: the gradients and the embedding's edges.
+    Gradients grow and activations shrink layer by layer, so their sum is largest at one end.
     The head's gradient is freed once the logits layer's two gradients are computed, before
     the layers' backward reaches its peak: in the allocator's traces of 28 transformers drawn
     at random (seeds 29 and 31, jit_compile=false), the head's buffer was freed before the
@@ -138,7 +152,14 @@ def activations(cfg, spec, p: int, block: int | None) -> tuple[int, int]:
     sbh = s * b * m.h
     core = core_workspace(s, b, m.h, m.heads, p, m.dropout, block)
     freed = mlp_bytes(sbh, p, m.dropout) if block else 0
-    loss = (held["forward"] + held["head"], held["head_backward"])
-    mlp = (held["backward"], mlp_workspace(sbh, p))
-    attention = (held["backward"] - freed, core)
-    return max(loss, mlp, attention, key=sum)
+    mlp_ws = mlp_workspace(sbh, p)
+    loss, last, first, end = grads
+    moments = [
+        (held["forward"] + held["head"], held["head_backward"], loss),
+        (held["backward"], mlp_ws, last),
+        (held["backward"] - freed, core, last),
+        (held["first"], mlp_ws, first),
+        (held["first"] - freed, core, first),
+        (held["edges"], 0, end),
+    ]
+    return max(moments, key=sum)
