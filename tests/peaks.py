@@ -10,7 +10,6 @@ where a test holds a rule about which tensors are alive, not the allocator's sha
 requested bytes: the same step read 0.79-1.07 of the walk in chunks and one figure in requests."""
 
 import glob
-import shutil
 import tempfile
 
 import keras
@@ -61,16 +60,13 @@ def requested_peak(compute) -> int:
     (the profiler's memory events of one call, after a warm-up call): what its tensors hold,
     without the chunks' rounding."""
     compute()
-    logdir = tempfile.mkdtemp()
-    try:
+    with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
         compute()
         tf.profiler.experimental.stop()
         (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
         with open(path, "rb") as f:
             space = xplane_pb2.XSpace.FromString(f.read())
-    finally:
-        shutil.rmtree(logdir)
     events = []  # (time in ps, +1 or -1, address, requested bytes)
     for plane in space.planes:
         kinds = {k: v.name for k, v in plane.event_metadata.items()}

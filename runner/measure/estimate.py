@@ -106,10 +106,10 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if not scaled or cfg.accum > 1:
         return every, every, every, every
-    sizes = [math.prod(v.shape) * 4 for v in trainable]
+    all_of_them = _float32_bytes(trainable)
     head = (cfg.model.h + 1) * spec.num_classes * 4
     embedding = spec.vocab_size * cfg.model.h * 4
-    return 0, head, sum(sizes) - embedding, 2 * sum(sizes)
+    return 0, head, all_of_them - embedding, 2 * all_of_them
 
 
 # Micro-batches of input the runner's pipeline (runner/train/data.py: map -> batch ->
