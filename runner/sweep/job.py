@@ -29,6 +29,7 @@ from runner.sweep.state import (
     SWEEP_PID_ENV,
     sweep_of_job,
 )
+from runner.train.rundir import run_name
 
 RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 
@@ -46,8 +47,7 @@ def run_isolated(cfg: DictConfig, resume_from: Path | None) -> None:
     hydra_cfg = HydraConfig.get()
     task = [o for o in hydra_cfg.overrides.task if not o.startswith(f"{KEY}=")]
     env = {**os.environ, JOB_ENV: str(hydra_cfg.job.num), SWEEP_PID_ENV: str(os.getpid())}
-    name = " ".join(o for o in task if not o.startswith(f"{REPEAT_KEY}="))
-    name = cfg.mlflow.run_name or name or "default"
+    name = cfg.mlflow.run_name or run_name([o for o in task if not o.startswith(f"{REPEAT_KEY}=")])
     if cfg.sweep.repeats > 1:  # a child of its job's run (runner/sweep/repeats.py)
         env[JOB_RUN_ENV] = job_of(Path(hydra_cfg.runtime.output_dir), hydra_cfg.job.num)["run_id"]
         env[REPEAT_ENV] = str(cfg.sweep.repeat)

@@ -237,7 +237,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
         cfg = _resumed_config(point, cfg)
     if cfg.accum == "auto":
         raise ConfigError("accum", "auto", "an integer here: runner.plan.auto decides it first")
-    run_name = redact(cfg.mlflow.run_name or " ".join(overrides) or "default")
+    run_name = redact(cfg.mlflow.run_name) if cfg.mlflow.run_name else rundir.run_name(overrides)
     if cfg.trainer.deterministic:  # process-wide: the ops that follow are deterministic
         tf.config.experimental.enable_op_determinism()
     keras.backend.clear_session()

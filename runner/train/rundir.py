@@ -28,6 +28,8 @@ CHECKPOINTS = "checkpoints"
 SIZES = "sizes.json"  # in checkpoints/: each checkpoint's files and their sizes, as written
 # Overrides that do not change the job trained.
 NOT_THE_JOB = ("trainer.resume", "sweep.resume", "hydra.")
+# ...and those that say only where it is stored or how it reports: left out of its name.
+NOT_IN_THE_NAME = (*NOT_THE_JOB, "mlflow.", "trainer.progress")
 
 
 def job_key(overrides: list[str]) -> str:
@@ -35,6 +37,13 @@ def job_key(overrides: list[str]) -> str:
     what is trained (trainer.resume, hydra.*)."""
     kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(NOT_THE_JOB))
     return redact(" ".join(kept)) or "default"  # a tag and run.json's: no login in it
+
+
+def run_name(overrides: list[str]) -> str:
+    """A run's name in MLflow and its pictures' titles: the overrides as typed, less those that
+    say where the run is stored or how it reports (mlflow.*, trainer.progress, hydra.*)."""
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(NOT_IN_THE_NAME)]
+    return redact(" ".join(kept)) or "default"
 
 
 @dataclass
