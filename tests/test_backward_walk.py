@@ -151,6 +151,60 @@ def _depthwise_xla_peak() -> int:
     return requested_peak(lambda: [g.numpy() for g in step()])
 
 
+def test_under_xla_on_a_cpu_convolution_kernels_are_kept_transposed_and_in_float32():
+    # Four 1x1 Conv2D (256 -> 512 -> 512 -> 512 -> 512) on 4x4 maps at batch 2: activations of
+    # 64 KiB, kernels of 3.5 MiB in float32. XLA on a CPU transposes each kernel whose input
+    # gradient it computes (not the first layer's: it reads the model's input) when the step
+    # starts and keeps it until that layer's backward: 3 MiB beside the walk's 0.375. In
+    # bfloat16 it also keeps each kernel rounded and converted back to float32 (3.5 MiB) in
+    # place of the bfloat16 casts (1.75 MiB). EfficientNetV2B2 had read 1.25-1.28x its
+    # estimate under trainer.jit_compile=true for these.
+    measured = in_fresh_process(_kernel_copies_xla_peaks)
+    transposes, converted = 3 * 512 * 512 * 4, (256 + 3 * 512) * 512 * 4
+    for policy, p in (("float32", 4), ("mixed_bfloat16", 2)):
+        model = _conv_stack(policy)
+        # The estimate walks a step XLA compiles on a CPU at float32's width (CPU_XLA_BYTES).
+        walked = {
+            xla: sum(
+                backward.walk_step(
+                    model, 2, 4 if xla else p, RematInfo(), backward.Executor(cpu_xla=xla)
+                )
+            )
+            for xla in (False, True)
+        }
+        copies = transposes + (converted if p < 4 else 0)  # in place of bfloat16's casts
+        assert copies <= walked[True] <= copies + walked[False], (policy, walked)
+        assert 0.85 <= measured[policy] / walked[True] <= 1.15, (policy, measured, walked)
+
+
+def _conv_stack(policy: str) -> keras.Model:
+    x = keras.Input((4, 4, 256))
+    y = x
+    for _ in range(4):
+        y = L.Conv2D(512, 1, dtype=policy)(y)
+    return keras.Model(x, y)
+
+
+def _kernel_copies_xla_peaks() -> dict[str, int]:
+    """Requested bytes (tests/peaks.py) of a step XLA compiles, its weight gradients summed
+    (so that none is kept to its end: the kernels' copies are the step's largest tensors)."""
+    from tests.peaks import requested_peak
+
+    peaks = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        model, x = _conv_stack(policy), tf.random.normal((2, 4, 4, 256))
+
+        @tf.function(jit_compile=True)
+        def step(model=model, x=x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.cast(model(x, training=True), "float32"))
+            grads = tape.gradient(loss, model.trainable_variables)
+            return tf.add_n([tf.reduce_sum(g) for g in grads])
+
+        peaks[policy] = requested_peak(lambda step=step: step().numpy())
+    return peaks
+
+
 def test_hard_swish_keeps_its_input_and_two_tensors_its_gradient_reads_as_measured():
     # MobileNetV3's hard-swish, x * (relu6(x + 3) / 6): the product's gradient reads x and the
     # quotient, the division's and Relu6's read relu6's output (measured: 3 tensors a layer in

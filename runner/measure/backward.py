@@ -22,7 +22,10 @@ from the last to the first, as TensorFlow's executor runs a step:
   read only variables) and waits for its layer's input gradient, a rebuilt segment's kernels
   twice (the forward's copy and the recomputation's); so the walk also weighs each
   operation's forward, where a checkpointed model with small activations can peak
-  (MobileNetV2 under `blocks` in bfloat16, seen in the allocator's trace).
+  (MobileNetV2 under `blocks` in bfloat16, seen in the allocator's trace);
+- in a step XLA compiles on a CPU (Executor.cpu_xla) those copies are float32 ones instead,
+  each convolution kernel's transpose and, under a 16-bit policy, its rounded cast
+  (_kernel_copy_bytes).
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
 inside it exist only while its own backward runs (it is recomputed then).
 
@@ -82,6 +85,36 @@ def _kernel_elements(op) -> int:
     names = ("kernel", "depthwise_kernel", "pointwise_kernel")
     kernels = {id(k): k for k in (getattr(op, n, None) for n in names) if k is not None}
     return sum(math.prod(k.shape) for k in kernels.values())
+
+
+def _convolves(op) -> bool:
+    return any(k is not None for k in layers.conv_kernels(op))
+
+
+def _kernel_copy_bytes(op, p: int, width: int, cpu_xla: bool, grad_in: bool) -> int:
+    """Bytes of a layer's kernels in the copies its step makes when it starts, kept until the
+    layer's backward: under a 16-bit policy (width < 4) each kernel's 16-bit cast. In a step
+    XLA compiles on a CPU, instead: each kernel a convolution reads as float32 (XLA on a CPU
+    convolves in float32: a 16-bit policy's cast is rounded and converted back), and each
+    dense (not depthwise) convolution kernel's float32 transpose, which its input gradient's
+    convolution reads (none where that gradient is not computed: grad_in false, a layer
+    reading the model's input); a Dense kernel keeps its 16-bit cast. Read off XLA's scheduled
+    buffer assignments: EfficientNetV2B2's step (bfloat16, 55 px, batch 4) computes 96
+    kernel transposes and its float32 conversions before its first convolution, all read
+    in the backward pass and alive at its peak (29.9 MiB of transposes, 26.2 of
+    conversions, no bfloat16 kernel); keras MobileNet's (float32) held the transposes of its
+    1x1 kernels whose backward had not run (9.0 MiB); a depthwise kernel [kh, kw, C, 1] is
+    read as [kh, kw, 1, C], the same bytes in float32 (a copy in 16 bits)."""
+    if not (cpu_xla and _convolves(op)):
+        return _kernel_elements(op) * p if width < 4 else 0
+    depthwise, full = layers.conv_kernels(op)
+    # The estimate's width under XLA on a CPU is float32's or more: the layer's own dtype says
+    # whether its kernel is cast to 16 bits.
+    converted = getattr(op, "compute_dtype", "float32") in ("bfloat16", "float16")
+    elements = math.prod(depthwise.shape) if depthwise is not None and converted else 0
+    if full is not None:
+        elements += math.prod(full.shape) * (int(converted) + int(grad_in))
+    return elements * 4
 
 
 def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
@@ -197,12 +230,15 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         if op.name not in segment:
             fkept.add(i + 1, n - 1, own)
         # Its kernel's 16-bit copy: the executor casts every kernel when the step starts, a
-        # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits).
-        copy = _kernel_elements(op) * p if width(op) < 4 else 0
+        # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits);
+        # XLA makes each copy of a kernel once, for the forward and the recomputation alike.
+        grad_in = any(t in producer for t in ins)  # its input gradient is computed
+        copy = _kernel_copy_bytes(op, p, width(op), executor.cpu_xla, grad_in)
         kept.add(i, n - 1, copy)
-        work.add(i, i, copy)  # its 16-bit weight gradient, beside its float32 cast
+        # its 16-bit weight gradient, beside its float32 cast
+        work.add(i, i, _kernel_elements(op) * p if width(op) < 4 else 0)
         fkept.add(0, n - 1, copy)
-        if op.name in segment:
+        if op.name in segment and not executor.cpu_xla:
             fkept.add(0, i, copy)
         # Its forward: its inputs (those not kept) and output, a norm's float32 temporaries.
         temporaries = (2 if half else 1) * inputs[0] * 4 if kind in layers.NORMS else 0
@@ -211,7 +247,6 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
         if executor.conv_threads:
-            grad_in = any(t in producer for t in ins)  # not a model input
             threads = executor.conv_threads
             work.add(i, i, conv_scratch.scratch_bytes(op, b, width(op), grad_in, threads))
         work.add(weight_gradient_ends(i), i - 1, size * width(op))  # its output gradient

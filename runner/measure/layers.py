@@ -203,6 +203,18 @@ def own_kept_bytes(
     return nbytes
 
 
+def conv_kernels(op) -> tuple:
+    """(depthwise kernel, dense kernel) of a convolution layer, None for what it has not: a
+    DepthwiseConv2D has the first, a Conv2D the second, a SeparableConv2D both."""
+    depthwise = getattr(op, "depthwise_kernel", None)
+    if isinstance(op, keras.layers.DepthwiseConv2D):
+        depthwise = op.kernel
+    full = getattr(op, "pointwise_kernel", None)
+    if isinstance(op, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
+        full = op.kernel
+    return depthwise, full
+
+
 def grouped_conv_bytes(op, xla: bool = False) -> int:
     """Keras compiles a grouped convolution with XLA even in a step that is not compiled
     (keras/src/backend/tensorflow/nn.py conv: 'grouped convolutions are broken on CPU without
@@ -219,9 +231,7 @@ def grouped_conv_bytes(op, xla: bool = False) -> int:
     groups = getattr(op, "groups", 1)
     if groups > 1 and kernel is not None and kernel.shape[-2] == 1:
         return 2 * math.prod(kernel.shape[:-2]) * groups * kernel.shape[-1] * 4
-    depthwise = getattr(op, "depthwise_kernel", None)  # SeparableConv2D's
-    if isinstance(op, keras.layers.DepthwiseConv2D):
-        depthwise = kernel
+    depthwise, _ = conv_kernels(op)
     if xla and depthwise is not None:  # [kh, kw, C, multiplier]: dense [kh, kw, C, C x mult]
         kh, kw, channels, multiplier = depthwise.shape
         return 2 * kh * kw * channels * channels * multiplier * 4
