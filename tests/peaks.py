@@ -16,6 +16,8 @@ import keras
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+from runner.techniques import accumulation
+
 
 def step_peak(model, x, y, optimizer=None, peak=None) -> int:
     """Bytes the allocator holds above its resting state during a step (the least of 3, after a
@@ -40,6 +42,30 @@ def step_peak(model, x, y, optimizer=None, peak=None) -> int:
         return loss + tf.cast(finite, loss.dtype) * 0
 
     return (peak or least_peak)(lambda: step(x, y).numpy())
+
+
+def accumulating_peaks(model, x, y, optimizer) -> tuple[int, int]:
+    """(micro-batch call's peak, update call's peak) of accumulation.py's step at accum=2 above
+    the allocator's resting state: its two compiled calls, taken from the step's closure, each
+    measured apart (the least of 3, after a warm-up step)."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer.build(model.trainable_variables)
+    step = accumulation.make_train_step(model, optimizer, loss_fn, 2, False)
+    step(iter([(x, y)] * 2))
+    cells = [c.cell_contents for c in step.__closure__]
+    calls = dict(zip(step.__code__.co_freevars, cells, strict=True))
+    micro, update = [], []
+    for _ in range(3):
+        for first in calls["firsts"]:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
+            calls["add_micro_batch"](x, y, first).numpy()
+            micro.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        calls["apply_sum"]([tf.constant(0.0)] * 2)[0].numpy()
+        update.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
+    return min(micro), min(update)
 
 
 def least_peak(compute) -> int:

@@ -18,30 +18,8 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from runner.measure import backward, conv_scratch, steps
-from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import step_peak
-
-# (micro-batch call's peak, update call's peak) of accumulation.py's step at accum=2: its two
-# compiled calls, taken from the step's closure, each measured apart.
-def accumulating_peaks(model, x, y, optimizer):
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    optimizer.build(model.trainable_variables)
-    step = accumulation.make_train_step(model, optimizer, loss_fn, 2, False)
-    step(iter([(x, y)] * 2))
-    calls = dict(zip(step.__code__.co_freevars, (c.cell_contents for c in step.__closure__)))
-    micro, update = [], []
-    for _ in range(3):
-        for first in calls["firsts"]:
-            tf.config.experimental.reset_memory_stats("CPU:0")
-            rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-            calls["add_micro_batch"](x, y, first).numpy()
-            micro.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        calls["apply_sum"]([tf.constant(0.0)] * 2)[0].numpy()
-        update.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-    return min(micro), min(update)
+from tests.peaks import accumulating_peaks, step_peak
 
 # Grow the allocator's pool first, as the runner does (runner/measure/telemetry.py): a request
 # that grows it is otherwise served from a whole new region (23 MiB asked, 32 MiB in use).

@@ -136,12 +136,31 @@ class Executor:
     float32 gradient, the gradient included.
     conv_threads: the intra-op threads of the CPU convolution kernels whose im2col buffers
     runner/measure/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU).
-    cpu_xla: the step is compiled by XLA for a CPU (layers.grouped_conv_bytes)."""
+    cpu_xla: the step is compiled by XLA for a CPU (layers.grouped_conv_bytes).
+    slot_products: when each float32 product of an update that reads only the optimizer's
+    slots (SGD's momentum x m, runner/measure/steps.py) dies: "as_they_come" (its variable's
+    update, started by its gradient), "at_the_end" (after the backward: a loss-scaled step
+    checks every gradient first); "" none. The executor computes them all when the step
+    starts, as it casts the kernels."""
 
     slots: int = 0
     per_byte: float = 1.0
     conv_threads: int = 0
     cpu_xla: bool = False
+    slot_products: str = ""
+
+
+def _slot_products(ops, n: int, executor: Executor) -> tuple[_Timeline, int]:
+    """The slot products (Executor.slot_products) alive at each moment of the backward pass,
+    and all of them (alive through the forward pass)."""
+    timeline, total = _Timeline(n), 0
+    if not executor.slot_products:
+        return timeline, total
+    for i, op, _, _ in ops:
+        nbytes = sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
+        timeline.add(i if executor.slot_products == "as_they_come" else 0, n - 1, nbytes)
+        total += nbytes
+    return timeline, total
 
 
 def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
@@ -255,10 +274,13 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
             if len(readers_of_t) > 1:
                 work.add(i + 1, max(readers_of_t) - 1, elements[t] * b * width(op))
     held, transient = kept.values(), work.values()
-    grads = _in_flight(ops, n, executor).values()
+    products, forward_products = _slot_products(ops, n, executor)
+    in_flight = _in_flight(ops, n, executor).values()
+    grads = [a + c for a, c in zip(in_flight, products.values(), strict=True)]
     peak = max(range(n), key=lambda i: held[i] + transient[i] + grads[i])
     fheld, ftransient = fkept.values(), fwork.values()
     fpeak = max(range(n), key=lambda i: fheld[i] + ftransient[i])
-    if fheld[fpeak] + ftransient[fpeak] > held[peak] + transient[peak] + grads[peak]:
-        return fheld[fpeak], ftransient[fpeak], 0
+    backward_peak = held[peak] + transient[peak] + grads[peak]
+    if fheld[fpeak] + ftransient[fpeak] + forward_products > backward_peak:
+        return fheld[fpeak], ftransient[fpeak], forward_products
     return held[peak], transient[peak], grads[peak]

@@ -194,6 +194,8 @@ def estimate_memory(
         )
         if executor.slots:  # the gradients alive at the peak, not all of them
             gradients = in_flight
+        else:  # every gradient, and the slot products alone (backward.Executor)
+            gradients += in_flight
         if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
             update = steps.update_call_bytes(trainable, optimizer, steps.inter_op_threads())
             inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
