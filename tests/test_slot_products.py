@@ -24,7 +24,9 @@ for _ in range(16):
     h = keras.layers.Dense(512, activation="relu")(h)
 mlp = keras.Model(inp, keras.layers.Dense(10)(h))
 x, y = tf.random.normal((1, 512)), tf.zeros((1,), tf.int32)
-cfg = OmegaConf.create({"accum": 1, "precision": {"policy": "float32"}})
+cfg = OmegaConf.create(
+    {"accum": 1, "precision": {"policy": "float32"}, "distribution": {"strategy": "none"}}
+)
 out = {"weights": sum(v.numpy().size * 4 for v in mlp.trainable_variables)}
 for momentum in (0.9, 0.0):
     sgd = keras.optimizers.SGD(1e-3, momentum=momentum)

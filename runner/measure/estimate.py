@@ -84,12 +84,20 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
     quotients, so both are alive before the update. Measured under XLA on a CPU: 1.5-2.0 of
     all gradients (runner/measure/xla_memory.py); a transformer drawn at random (1 layer,
     h=144, vocabulary 2101, micro-batch 1, gradients 3.3 MiB) peaked 2.2 MiB above an
-    estimate with one copy."""
-    if transformer_xla:
+    estimate with one copy.
+    Under a tf.distribute strategy the update is outside XLA, and Keras all-reduces every
+    gradient in one call before it applies any (keras/src/backend/tensorflow/optimizer.py
+    _all_reduce_sum_gradients), packing them into one float32 tensor: all of them and their
+    pack (steps.all_reduce_pack)."""
+    replicated = steps.replicated(cfg)
+    if transformer_xla and not replicated:
         nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy, cfg.accum)
     else:
         nbytes = _float32_bytes(trainable)
-    return 2 * nbytes if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else nbytes
+    copies = 2 if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else 1
+    if replicated and cfg.accum == 1:
+        copies += 1
+    return copies * nbytes
 
 
 def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, int, int, int]:
@@ -197,7 +205,8 @@ def estimate_memory(
         else:  # every gradient, and the slot products alone (backward.Executor)
             gradients += in_flight
         if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
-            update = steps.update_call_bytes(trainable, optimizer, steps.inter_op_threads())
+            threads = steps.inter_op_threads()
+            update = steps.update_call_bytes(trainable, optimizer, threads, steps.replicated(cfg))
             inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
             if update + inputs > activations + workspace + gradients:
                 activations, workspace, gradients = inputs, 0, update

@@ -39,6 +39,24 @@ def momentum_products(optimizer) -> bool:
     return isinstance(inner, keras.optimizers.SGD) and float(inner.momentum) != 0
 
 
+def replicated(cfg) -> bool:
+    """Whether the step runs under a tf.distribute strategy, whose update waits for the
+    all-reduce of every gradient (all_reduce_pack)."""
+    return cfg.distribution.strategy != "none"
+
+
+# Under a strategy Keras all-reduces the whole list of gradients in one call, and
+# TensorFlow's collective all-reduce first concatenates them into one tensor: **measured**
+# (the profiler's memory events of MobileNetV2's accum=1 step on 2 logical CPUs, 8.5 MiB of
+# weights): at the step's peak each replica's gradients and their concatenation (8.53 MiB
+# each) were alive, beside the collective's temporary chunk (4.27 MiB), and no update had
+# run. The estimate counts each replica's gradients and one pack; a GPU's NCCL all-reduce
+# packs them too (tf.distribute's NcclAllReduce, num_packs=1), unconfirmed here.
+def all_reduce_pack(trainable) -> int:
+    """Float32 bytes of the all-reduce's pack of every gradient."""
+    return sum(math.prod(v.shape) * 4 for v in trainable)
+
+
 def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     """How the executor runs a graph model's step (backward.Executor). In an accum=1 step,
     weight gradients are applied as they come by as many updates at once as it has inter-op
@@ -47,25 +65,29 @@ def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     as it comes (runner/techniques/accumulation.py: one assign_add, no buffer of its own) and
     dies there: one at a time (measured: 17.5 MiB on a stack of 16 MiB kernels,
     tests/test_conv_scratch.py). A loss-scaled accum=1 step waits for every gradient to check
-    it: its gradients are counted whole (estimate._gradient_bytes), not here. Convolutions take
+    it, a step under a strategy for their all-reduce (all_reduce_pack): their gradients are
+    counted whole (estimate._gradient_bytes), not here. Convolutions take
     conv_scratch's buffers on a CPU without XLA or oneDNN."""
     threading = tf.config.threading
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    waits = scaled or replicated(cfg)  # every gradient before any update
     if cfg.accum > 1:
-        slots, per_byte = 1, 1.0
+        # Under a strategy a replica's gradients are the outputs of its own compiled function
+        # (accumulation.make_replicated_step), all alive when it returns.
+        slots, per_byte = 0 if replicated(cfg) else 1, 1.0
     else:
-        slots = 0 if scaled else inter_op_threads()
+        slots = 0 if waits else inter_op_threads()
         per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
     on_cpu = not tf.config.list_logical_devices("GPU")
     conv = on_cpu and not cpu_xla and not conv_scratch.onednn_convolutions(cfg.precision.policy)
     intra = threads(threading.get_intra_op_parallelism_threads()) if conv else 0
     products = ""
     if momentum_products(optimizer) and not cpu_xla and cfg.accum == 1:
-        products = "at_the_end" if scaled else "as_they_come"
+        products = "at_the_end" if waits else "as_they_come"
     return backward.Executor(slots, per_byte, intra, on_cpu and cpu_xla, products)
 
 
-def update_call_bytes(trainable, optimizer, slots: int) -> int:
+def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False) -> int:
     """What an accumulating step's update call (accumulation.py's apply_sum: the sums read in
     place, then optimizer.apply) holds above the weights, slots and sums: `slots` updates at
     once, the largest variables' at worst, each holding as many buffers of its variable's size
@@ -75,7 +97,8 @@ def update_call_bytes(trainable, optimizer, slots: int) -> int:
     rule 96; keras MobileNet at 53 px: +15-17 MiB, the rule 18. A loss-scaled step first
     divides every sum by the scale, and those float32 quotients are all alive before the
     update, which frees each as it consumes it: the call holds them or the buffers, whichever
-    is more (measured on the same stack in float16: +64-72 MiB, quotients 64)."""
+    is more (measured on the same stack in float16: +64-72 MiB, quotients 64). Under a
+    strategy (replicated) the sums are all-reduced first: their pack (all_reduce_pack)."""
     largest = sorted((math.prod(v.shape) * 4 for v in trainable), reverse=True)[:slots]
     buffers = (1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)) * sum(largest)
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -83,7 +106,8 @@ def update_call_bytes(trainable, optimizer, slots: int) -> int:
     quotients = everything if scaled else 0
     # SGD's momentum products, all made when the call starts (momentum_products)
     products = everything if momentum_products(optimizer) else 0
-    return products + max(buffers, quotients)
+    pack = all_reduce_pack(trainable) if replicated else 0
+    return products + pack + max(buffers, quotients)
 
 
 def threads(setting: int) -> int:
