@@ -206,13 +206,10 @@ def own_kept_bytes(
 def conv_kernels(op) -> tuple:
     """(depthwise kernel, dense kernel) of a convolution layer, None for what it has not: a
     DepthwiseConv2D has the first, a Conv2D the second, a SeparableConv2D both."""
-    depthwise = getattr(op, "depthwise_kernel", None)
-    if isinstance(op, keras.layers.DepthwiseConv2D):
-        depthwise = op.kernel
-    full = getattr(op, "pointwise_kernel", None)
-    if isinstance(op, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
-        full = op.kernel
-    return depthwise, full
+    dense = isinstance(op, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D))
+    depthwise = op.kernel if isinstance(op, keras.layers.DepthwiseConv2D) else None
+    full = op.kernel if dense else getattr(op, "pointwise_kernel", None)
+    return getattr(op, "depthwise_kernel", depthwise), full
 
 
 def grouped_conv_bytes(op, xla: bool = False) -> int:
