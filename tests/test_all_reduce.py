@@ -43,8 +43,10 @@ for name, distributed in (("rule", "mirrored"), ("one device", "none")):
                             "distribution": {"strategy": distributed}})
     executor = steps.executor(adam, cfg, cpu_xla=False)
     kept, work, in_flight = backward.walk_step(mlp, 1, 4, RematInfo(), executor)
-    whole = steps.all_reduce_pack(mlp.trainable_variables) if executor.slots == 0 else 0
-    out[name] = kept + work + in_flight + (2 * whole if steps.replicated(cfg) else 0)
+    if steps.replicated(cfg):  # every gradient (the estimate's, with no update in flight)
+        pack = steps.all_reduce_pack(mlp.trainable_variables)  # and their pack
+        in_flight += out["weights"] + pack
+    out[name] = kept + work + in_flight
 print("RESULT " + json.dumps(out))
 """
 

@@ -95,9 +95,8 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
     else:
         nbytes = _float32_bytes(trainable)
     copies = 2 if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else 1
-    if replicated and cfg.accum == 1:
-        copies += 1
-    return copies * nbytes
+    pack = steps.all_reduce_pack(trainable) if replicated and cfg.accum == 1 else 0
+    return copies * nbytes + pack
 
 
 def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, int, int, int]:
