@@ -19,6 +19,24 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from runner.techniques import accumulation
 
 
+def grow_pool(mib: int = 256) -> None:
+    """Grow the allocator's pool with one allocate-and-free, as the runner does before a job
+    (runner/measure/telemetry.py Memory.grow_pool): a request that grows it is otherwise served
+    from a whole new region (23 MiB asked, 32 MiB in use)."""
+    pool = tf.zeros((mib * 2**20 // 4,))
+    del pool
+
+
+def dense_stack(hidden: int, width: int, inputs: int) -> keras.Model:
+    """`hidden` ReLU Dense layers of `width` on `inputs` features, then a 10-class head: a model
+    whose kernels, not its activations, are what a step holds at batch 1."""
+    x = keras.Input((inputs,))
+    h = x
+    for _ in range(hidden):
+        h = keras.layers.Dense(width, activation="relu")(h)
+    return keras.Model(x, keras.layers.Dense(10)(h))
+
+
 def step_peak(model, x, y, optimizer=None, peak=None) -> int:
     """Bytes the allocator holds above its resting state during a step (the least of 3, after a
     warm-up). Without an optimizer each gradient is consumed as it comes (none is held); with

@@ -17,18 +17,13 @@ from omegaconf import OmegaConf
 from runner.measure import backward, steps
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import least_peak
+from tests.peaks import dense_stack, grow_pool, least_peak
 
-pool = tf.zeros((256 * 2**20 // 4,))  # the allocator's pool grown first, as the runner does
-del pool
+grow_pool()
 strategy = distribution.make_strategy(OmegaConf.create({"strategy": "mirrored", "devices": None,
                                                         "logical_cpus": 0}), [])
 with strategy.scope():
-    inp = keras.Input((512,))
-    h = inp
-    for _ in range(16):
-        h = keras.layers.Dense(512, activation="relu")(h)
-    mlp = keras.Model(inp, keras.layers.Dense(10)(h))
+    mlp = dense_stack(16, 512, 512)
     adam = keras.optimizers.Adam(1e-3)
     adam.build(mlp.trainable_variables)
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

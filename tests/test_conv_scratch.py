@@ -19,12 +19,9 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from runner.measure import backward, conv_scratch, steps
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import accumulating_peaks, step_peak
+from tests.peaks import accumulating_peaks, dense_stack, grow_pool, step_peak
 
-# Grow the allocator's pool first, as the runner does (runner/measure/telemetry.py): a request
-# that grows it is otherwise served from a whole new region (23 MiB asked, 32 MiB in use).
-pool = tf.zeros((256 * 2**20 // 4,))
-del pool
+grow_pool()
 out = {"onednn": conv_scratch.onednn()}
 inp = keras.Input((51, 51, 3))
 h = keras.layers.Conv2D(32, 3, strides=2, padding="same")(inp)
@@ -39,11 +36,7 @@ for name, executor in [("cnn_rule", backward.Executor(conv_threads=threads)),
     kept, work, _ = backward.walk_step(cnn, b, 4, RematInfo(), executor)
     out[name] = kept + work
 
-inp = keras.Input((192,))
-h = keras.layers.Dense(2048, activation="relu")(inp)
-h = keras.layers.Dense(2048, activation="relu")(h)
-h = keras.layers.Dense(2048, activation="relu")(h)
-mlp = keras.Model(inp, keras.layers.Dense(10)(h))
+mlp = dense_stack(3, 2048, 192)
 x, y = tf.random.normal((1, 192)), tf.zeros((1,), tf.int32)
 out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3))
 out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)

@@ -14,15 +14,10 @@ import keras
 from omegaconf import OmegaConf
 from runner.measure import backward, steps
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import accumulating_peaks, step_peak
+from tests.peaks import accumulating_peaks, dense_stack, grow_pool, step_peak
 
-pool = tf.zeros((256 * 2**20 // 4,))  # the allocator's pool grown first, as the runner does
-del pool
-inp = keras.Input((512,))
-h = inp
-for _ in range(16):
-    h = keras.layers.Dense(512, activation="relu")(h)
-mlp = keras.Model(inp, keras.layers.Dense(10)(h))
+grow_pool()
+mlp = dense_stack(16, 512, 512)
 x, y = tf.random.normal((1, 512)), tf.zeros((1,), tf.int32)
 cfg = OmegaConf.create(
     {"accum": 1, "precision": {"policy": "float32"}, "distribution": {"strategy": "none"}}

@@ -25,7 +25,7 @@ from the last to the first, as TensorFlow's executor runs a step:
   (MobileNetV2 under `blocks` in bfloat16, seen in the allocator's trace);
 - in a step XLA compiles on a CPU (Executor.cpu_xla) those copies are float32 ones instead,
   each convolution kernel's transpose and, under a 16-bit policy, its rounded cast
-  (_kernel_copy_bytes).
+  (_xla_kernel_bytes).
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
 inside it exist only while its own backward runs (it is recomputed then).
 
@@ -91,22 +91,20 @@ def _convolves(op) -> bool:
     return any(k is not None for k in layers.conv_kernels(op))
 
 
-def _kernel_copy_bytes(op, p: int, width: int, cpu_xla: bool, grad_in: bool) -> int:
-    """Bytes of a layer's kernels in the copies its step makes when it starts, kept until the
-    layer's backward: under a 16-bit policy (width < 4) each kernel's 16-bit cast. In a step
-    XLA compiles on a CPU, instead: each kernel a convolution reads as float32 (XLA on a CPU
-    convolves in float32: a 16-bit policy's cast is rounded and converted back), and each
-    dense (not depthwise) convolution kernel's float32 transpose, which its input gradient's
-    convolution reads (none where that gradient is not computed: grad_in false, a layer
-    reading the model's input); a Dense kernel keeps its 16-bit cast. Read off XLA's scheduled
+def _xla_kernel_bytes(op, grad_in: bool) -> int:
+    """Bytes of a convolution's kernels that a step XLA compiles on a CPU copies when it starts
+    and keeps until the layer's backward, in place of the executor's 16-bit casts: each kernel
+    as float32 under a 16-bit policy (XLA on a CPU convolves in float32: the cast is rounded
+    and converted back), and each dense (not depthwise) kernel's float32 transpose, which its
+    input gradient's convolution reads (none where that gradient is not computed: grad_in
+    false, a layer reading the model's input). A Dense kernel keeps its 16-bit cast (the
+    walk's). Read off XLA's scheduled
     buffer assignments: EfficientNetV2B2's step (bfloat16, 55 px, batch 4) computes 96
     kernel transposes and its float32 conversions before its first convolution, all read
     in the backward pass and alive at its peak (29.9 MiB of transposes, 26.2 of
     conversions, no bfloat16 kernel); keras MobileNet's (float32) held the transposes of its
     1x1 kernels whose backward had not run (9.0 MiB); a depthwise kernel [kh, kw, C, 1] is
     read as [kh, kw, 1, C], the same bytes in float32 (a copy in 16 bits)."""
-    if not (cpu_xla and _convolves(op)):
-        return _kernel_elements(op) * p if width < 4 else 0
     depthwise, full = layers.conv_kernels(op)
     # The estimate's width under XLA on a CPU is float32's or more: the layer's own dtype says
     # whether its kernel is cast to 16 bits.
@@ -252,10 +250,10 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits);
         # XLA makes each copy of a kernel once, for the forward and the recomputation alike.
         grad_in = any(t in producer for t in ins)  # its input gradient is computed
-        copy = _kernel_copy_bytes(op, p, width(op), executor.cpu_xla, grad_in)
+        cast = _kernel_elements(op) * p if width(op) < 4 else 0
+        copy = _xla_kernel_bytes(op, grad_in) if executor.cpu_xla and _convolves(op) else cast
         kept.add(i, n - 1, copy)
-        # its 16-bit weight gradient, beside its float32 cast
-        work.add(i, i, _kernel_elements(op) * p if width(op) < 4 else 0)
+        work.add(i, i, cast)  # its 16-bit weight gradient, beside its float32 cast
         fkept.add(0, n - 1, copy)
         if op.name in segment and not executor.cpu_xla:
             fkept.add(0, i, copy)
