@@ -110,7 +110,7 @@ def _grouped_peak() -> int:
     return _peak_over_step(_grouped(), tf.random.normal((8, 4, 4, 64)))
 
 
-def test_under_xla_on_a_cpu_a_depthwise_convolution_holds_the_dense_filter_gradient():
+def test_under_xla_on_a_cpu_a_depthwise_convolution_holds_the_dense_filter_gradient(xla_peaks):
     # DepthwiseConv2D(3) on 4x4x256 in a step XLA compiles: XLA's CPU backward builds its
     # filter gradient as a dense 3x3x256x256 convolution and masks it, as a grouped Conv2D's
     # (2 x 2,359,296 bytes). Keras MobileNet (53 px, batch 1) under trainer.jit_compile=true
@@ -124,8 +124,18 @@ def test_under_xla_on_a_cpu_a_depthwise_convolution_holds_the_dense_filter_gradi
         for xla in (False, True)
     }
     assert walked[True] - walked[False] == buffer
-    measured = in_fresh_process(_depthwise_xla_peak)
+    measured = xla_peaks["depthwise"]
     assert 0.85 <= measured / walked[True] <= 1.15, (measured, walked)
+
+
+@pytest.fixture(scope="module")
+def xla_peaks() -> dict[str, int]:
+    """Requested bytes of the steps XLA compiles below, all in one fresh process."""
+    return in_fresh_process(_xla_peaks)
+
+
+def _xla_peaks() -> dict[str, int]:
+    return {"depthwise": _depthwise_xla_peak(), **_kernel_copies_xla_peaks()}
 
 
 def _depthwise() -> keras.Model:
@@ -151,7 +161,7 @@ def _depthwise_xla_peak() -> int:
     return requested_peak(lambda: [g.numpy() for g in step()])
 
 
-def test_under_xla_on_a_cpu_convolution_kernels_are_kept_transposed_and_in_float32():
+def test_under_xla_on_a_cpu_convolution_kernels_are_kept_transposed_and_in_float32(xla_peaks):
     # Four 1x1 Conv2D (256 -> 512 -> 512 -> 512 -> 512) on 4x4 maps at batch 2: activations of
     # 64 KiB, kernels of 3.5 MiB in float32. XLA on a CPU transposes each kernel whose input
     # gradient it computes (not the first layer's: it reads the model's input) when the step
@@ -159,7 +169,7 @@ def test_under_xla_on_a_cpu_convolution_kernels_are_kept_transposed_and_in_float
     # bfloat16 it also keeps each kernel rounded and converted back to float32 (3.5 MiB) in
     # place of the bfloat16 casts (1.75 MiB). EfficientNetV2B2 had read 1.25-1.28x its
     # estimate under trainer.jit_compile=true for these.
-    measured = in_fresh_process(_kernel_copies_xla_peaks)
+    measured = xla_peaks
     transposes, converted = 3 * 512 * 512 * 4, (256 + 3 * 512) * 512 * 4
     for policy, p in (("float32", 4), ("mixed_bfloat16", 2)):
         model = _conv_stack(policy)
