@@ -45,14 +45,16 @@ def test_sgd_momentum_products_are_alive_from_the_steps_start():
     assert (r["products 0.9"], r["products 0.0"]) == ("as_they_come", "")
     rule = r["walk 0.9"] - r["walk 0.0"]
     assert rule > 0.9 * r["weights"], r  # all of them, less the last layer's (consumed first)
-    # Measured 0.88-1.00 of the rule in 7 fresh runs: the executor may run the last layers'
-    # updates before it has made the first layers' products.
+    # Measured 0.80-1.00 of the rule in 13 fresh runs (6 of them two at a time): the executor
+    # may run the last layers' updates before it has made the first layers' products. Without
+    # the products the difference would be about 0.
     measured = r["measured 0.9"] - r["measured 0.0"]
-    assert 0.8 <= measured / rule <= 1.15, r
+    assert 0.7 <= measured / rule <= 1.15, r
     # The update call: every product (16 MiB) beside two updates' buffers (2 x 3 MiB). Its
     # sums exist when it starts, so some updates may run (and consume their products) before
-    # the last products are made: 0.81-1.00 of the rule in 3 fresh runs.
+    # the last products are made: 0.75-1.05 of the rule in 10 fresh runs (0.749 in a CI run
+    # beside the suite's other worker, which failed a bound of 0.75).
     rule = r["update rule 0.9"] - r["update rule 0.0"]
     assert rule == r["weights"], r
     measured = r["update 0.9"] - r["update 0.0"]
-    assert 0.75 <= measured / rule <= 1.15, r
+    assert 0.7 <= measured / rule <= 1.15, r
