@@ -19,7 +19,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from runner.measure import backward, conv_scratch, steps
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import accumulating_peaks, dense_stack, grow_pool, step_peak
+from tests.peaks import accumulating_peaks, dense_stack, grow_pool, most_peak, step_peak
 
 grow_pool()
 out = {"onednn": conv_scratch.onednn()}
@@ -38,14 +38,15 @@ for name, executor in [("cnn_rule", backward.Executor(conv_threads=threads)),
 
 mlp = dense_stack(3, 2048, 192)
 x, y = tf.random.normal((1, 192)), tf.zeros((1,), tf.int32)
-out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3))
+out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3), peak=most_peak)
 out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
 kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(2, 3))
 out["mlp_rule"] = kept + work + grads
-# The same stack in an accumulating step: each gradient added into its sum as it comes, then
-# the update's call.
+# The same stack in an accumulating step: each gradient added into its sum as it comes (a
+# floor: the least of 3 calls), then the update's call (a bound: the most of 6).
 adam = keras.optimizers.Adam(1e-3)
-out["micro"], out["update"] = accumulating_peaks(mlp, x, y, adam)
+out["micro"] = accumulating_peaks(mlp, x, y, adam)[0]
+out["update"] = accumulating_peaks(mlp, x, y, adam, pick=max, calls_each=6)[1]
 kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(1, 1))
 out["micro_rule"] = kept + work + grads
 out["update_rule"] = steps.update_call_bytes(mlp.trainable_variables, adam, 2)
@@ -65,16 +66,18 @@ def test_the_executor_rules_hold_the_measured_step():
     assert 0.85 <= r["cnn"] / r["cnn_rule"] <= 1.6, r
     # The Dense stack: two 16 MiB kernels update at once, each with its gradient and two
     # buffers (96 MiB), where all gradients at once would be 34 MiB. How far the two updates
-    # overlap is the executor's choice: 80-96 MiB were measured in runs of this test, and
-    # 64 MiB in a step like it, so the rule is held as the bound it is.
+    # overlap is the executor's choice (a single call read 64-96 MiB), so the rule is a bound,
+    # held against the most of 6 calls (tests/peaks.py most_peak): 0.999 in three runs beside
+    # two busy processes.
     assert r["mlp"] > 1.8 * r["mlp_grads"], r
-    assert 0.6 <= r["mlp"] / r["mlp_rule"] <= 1.05, r
+    assert 0.85 <= r["mlp"] / r["mlp_rule"] <= 1.05, r
     # Accumulating: a micro-batch holds one gradient at a time (16 MiB; measured 17.5 MiB in
     # all), not all of them (34 MiB) nor their update's buffers. Beside the other xdist worker
     # a fresh-clone CI run read 25.8 MiB (1.53x): the executor computed the next gradient
     # before the previous one's add had run. The rule is the least the step holds, so the
-    # bound is 1.6. The update's call: two updates' buffers at most (96 MiB); 64 MiB here, 48
-    # MiB beside other tests (one update at a time), 72-96 MiB on a stack of four such
-    # kernels: a bound, as the accum=1 step's.
+    # bound is 1.6. The update's call: two updates' buffers at most (96 MiB), a bound as the
+    # accum=1 step's, held against the most of 6 calls: 0.667 in three runs beside two busy
+    # processes (one update and a third of another), 72-96 MiB on a stack of four such
+    # kernels. Single calls read down to 0.35 beside the suite's other worker (CI at aaad562).
     assert 0.85 <= r["micro"] / r["micro_rule"] <= 1.6, r
-    assert 0.45 <= r["update"] / r["update_rule"] <= 1.05, r
+    assert 0.6 <= r["update"] / r["update_rule"] <= 1.05, r

@@ -14,7 +14,7 @@ import keras
 from omegaconf import OmegaConf
 from runner.measure import backward, steps
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import accumulating_peaks, dense_stack, grow_pool, step_peak
+from tests.peaks import accumulating_peaks, dense_stack, grow_pool, most_peak, step_peak
 
 grow_pool()
 mlp = dense_stack(16, 512, 512)
@@ -27,11 +27,11 @@ for momentum in (0.9, 0.0):
     sgd = keras.optimizers.SGD(1e-3, momentum=momentum)
     executor = steps.executor(sgd, cfg, cpu_xla=False)
     out[f"products {momentum}"] = executor.slot_products
-    out[f"measured {momentum}"] = step_peak(mlp, x, y, sgd)
+    out[f"measured {momentum}"] = step_peak(mlp, x, y, sgd, peak=most_peak)
     out[f"walk {momentum}"] = sum(backward.walk_step(mlp, 1, 4, RematInfo(), executor))
     # An accumulating step's update call: the sums exist when it starts.
     sgd = keras.optimizers.SGD(1e-3, momentum=momentum)
-    out[f"update {momentum}"] = accumulating_peaks(mlp, x, y, sgd)[1]
+    out[f"update {momentum}"] = accumulating_peaks(mlp, x, y, sgd, pick=max, calls_each=6)[1]
     out[f"update rule {momentum}"] = steps.update_call_bytes(mlp.trainable_variables, sgd, 2)
 print("RESULT " + json.dumps(out))
 """
@@ -45,16 +45,18 @@ def test_sgd_momentum_products_are_alive_from_the_steps_start():
     assert (r["products 0.9"], r["products 0.0"]) == ("as_they_come", "")
     rule = r["walk 0.9"] - r["walk 0.0"]
     assert rule > 0.9 * r["weights"], r  # all of them, less the last layer's (consumed first)
-    # Measured 0.80-1.00 of the rule in 13 fresh runs (6 of them two at a time): the executor
-    # may run the last layers' updates before it has made the first layers' products. Without
+    # The executor may run the last layers' updates before it has made the first layers'
+    # products, so a single call held 0.69-1.00 of the rule (0.69 in a CI run beside the
+    # suite's other worker). The rule is a bound: held against the most of 6 calls
+    # (tests/peaks.py most_peak), 0.934-0.935 in four runs beside two busy processes. Without
     # the products the difference would be about 0.
     measured = r["measured 0.9"] - r["measured 0.0"]
-    assert 0.7 <= measured / rule <= 1.15, r
+    assert 0.85 <= measured / rule <= 1.15, r
     # The update call: every product (16 MiB) beside two updates' buffers (2 x 3 MiB). Its
     # sums exist when it starts, so some updates may run (and consume their products) before
-    # the last products are made: 0.75-1.05 of the rule in 10 fresh runs (0.749 in a CI run
-    # beside the suite's other worker, which failed a bound of 0.75).
+    # the last products are made: single calls read 0.75-1.05 (0.749 in a CI run), the most
+    # of 6 calls 0.999-1.046 in four runs beside two busy processes.
     rule = r["update rule 0.9"] - r["update rule 0.0"]
     assert rule == r["weights"], r
     measured = r["update 0.9"] - r["update 0.0"]
-    assert 0.7 <= measured / rule <= 1.15, r
+    assert 0.85 <= measured / rule <= 1.15, r
