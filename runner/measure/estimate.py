@@ -214,6 +214,11 @@ def estimate_memory(
         waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
+    choice = None  # what a choice step holds beyond the backward's moment (steps.choice_bytes)
+    if activations is not None:
+        threads = steps.inter_op_threads()
+        held = activations + workspace + gradients
+        choice = steps.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - held
     parts = {
         "params": _nbytes(model.weights),
         "gradients": gradients,
@@ -224,6 +229,9 @@ def estimate_memory(
         # running float32 sum beside the current micro-batch's gradients.
         "accumulation": _float32_bytes(trainable) if cfg.accum > 1 else 0,
         "masks": _float32_bytes(kernels),
+        # A step that chooses new masks holds their choice once its update has run, when the
+        # activations and gradients are gone: what it holds beyond them, if more.
+        "mask_choice": None if choice is None else max(0, choice),
         # The input pipeline's tables, arrays and shuffle buffer (runner/train/source.py),
         # kept for the whole run in the allocator a CPU trains with.
         "data": 0 if on_gpu else spec.held_bytes,

@@ -36,7 +36,7 @@ FIGURES = [
 ]
 RATIOS = ("peak_MiB", "step_s", "samples_per_s")
 # The estimate's parts (mem/estimate/<part>_bytes), kept as est_<part>_MiB in the CSV.
-PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "data")
+PARTS = ("params", "gradients", "optimizer", "accumulation", "masks", "mask_choice", "data")
 PARTS += ("activations", "workspace", "allocator")
 
 
