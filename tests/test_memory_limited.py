@@ -185,7 +185,9 @@ for layers in (6, 10):
         grads = tape.gradient(loss, model.trainable_variables)
         return tf.add_n([tf.reduce_sum(g) for g in grads])
 
-    peaks[layers] = requested_peak(lambda step=step: step(x).numpy())
+    # the least of 3 traced calls: the rule is what a block must keep (one call beside the
+    # suite's other worker held one more tensor)
+    peaks[layers] = min(requested_peak(lambda step=step: step(x).numpy()) for _ in range(3))
 print("RESULT " + json.dumps([peaks[6], peaks[10], b * s * h, 16 * h * h]))
 """
 
@@ -200,8 +202,10 @@ def test_gelu_and_layer_norm_hold_only_their_input_from_forward_to_backward():
     and the second Dense's, 4sbh each, at 2 bytes) and its two kernels' bfloat16 copies
     (16h^2), and reads exactly that, every run. With `after` returning x (the mutant) a block
     read 27.4-31.9sbh against 21.3. Read in the allocator's chunks with two threads, the old
-    form of this test (2 blocks against 6) read 19-25.6sbh and failed a CI run. In float32 (no
-    cast to wait behind) the stack read 40-45sbh with and without the wait: not tested there."""
+    form of this test (2 blocks against 6) read 19-25.6sbh and failed a CI run; one traced call
+    (not the least of 3) read 23.3sbh in a CI run at e32c597, beside the suite's other worker.
+    In float32 (no cast to wait behind) the stack read 40-45sbh with and without the wait: not
+    tested there."""
     small, large, sbh, copies = fresh_result(MLP_STACKS, env=ONE_THREAD, timeout=300)
     per_block = (large - small) / 4
     assert per_block == pytest.approx(20 * sbh + copies, rel=0.05), (small, large, per_block / sbh)
