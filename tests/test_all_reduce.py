@@ -91,7 +91,10 @@ def test_an_accumulating_replica_all_reduces_its_sums_in_the_update_call(r):
     # function is inlined; under XLA its outputs, all 16 MiB a replica, measured apart), and
     # the update's call the pack and the all-reduce's result, two copies of the weights a
     # replica (29-37 MiB measured, the rule 32; the pack alone, as counted before, 22).
-    assert 0.85 <= r["micro"] / r["replicas"] / r["micro rule"] <= 1.6, r
+    # The replicas run their micro-batches apart, so their peaks need not meet: the shared
+    # allocator read 2.11 MiB (both at once) in runs here and 1.16 (one, 1.07x the rule) in a
+    # CI run at a622292. Between one replica's rule and both at the 1.6 of the one-device test.
+    assert 0.85 <= r["micro"] / r["micro rule"] <= 1.6 * r["replicas"], r
     assert r["micro rule"] < 0.25 * r["weights"], r
     per_replica = r["update"] / r["replicas"]
     assert r["update rule"] >= 2 * r["weights"], r
