@@ -9,6 +9,13 @@ import pytest
 
 from tests.conftest import fresh_result
 
+# Serial (run alone, after the others): its rules say which updates the executor runs at
+# once with two inter-op threads, and beside the suite's other worker that timing moved the
+# figures past their bounds in CI runs
+# (a replica's micro-batch at 1.16 and 4.23 MiB against 1.04-2.11 here).
+pytestmark = pytest.mark.serial
+
+
 SCRIPT = r"""
 import json, os
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"

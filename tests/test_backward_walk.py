@@ -8,6 +8,7 @@ import tensorflow as tf
 from runner.core.process import in_fresh_process
 from runner.measure import backward, layers
 from runner.techniques.checkpointing import RematInfo
+from tests.peaks import least_peak
 
 L = keras.layers
 
@@ -44,7 +45,10 @@ def test_the_peak_is_a_concatenations_backward_beside_the_next_convolutions_filt
 
 
 def _peak_over_step(model, x) -> int:
-    """The allocator's peak over one forward+backward (after a warm-up), above what was held."""
+    """The allocator's peak over one forward+backward above what was held: the least of 3 calls
+    after a warm-up (tests/peaks.py least_peak). The rules it checks are what a layer keeps; a
+    single call beside the suite's other worker held one more tensor a layer (hard-swish 1.335
+    of the rule in a CI run, 1.000 in every run here)."""
 
     @tf.function
     def step():
@@ -53,13 +57,7 @@ def _peak_over_step(model, x) -> int:
             loss = tf.reduce_sum(model(x, training=True))
         return tape.gradient(loss, [x])
 
-    step()
-    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    grads = step()
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - held
-    del grads
-    return peak
+    return least_peak(lambda: [g.numpy() for g in step()])
 
 
 def gelu_chain(depth: int, activation: str = "gelu") -> keras.Model:

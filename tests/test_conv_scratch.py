@@ -9,7 +9,16 @@ the allocator's measured peak of a step in a fresh process that pins what they d
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
 1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
 
+import pytest
+
 from tests.conftest import onednn_off_result
+
+# Serial (run alone, after the others): its rules say which updates the executor runs at
+# once with two inter-op threads, and beside the suite's other worker that timing moved the
+# figures past their bounds in CI runs
+# (the update call at 1.135 of its bound at d4dbd6a, 0.35 at aaad562).
+pytestmark = pytest.mark.serial
+
 
 SCRIPT = r"""
 import json, os, sys

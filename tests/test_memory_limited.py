@@ -200,15 +200,14 @@ def test_gelu_and_layer_norm_hold_only_their_input_from_forward_to_backward():
     the transients cancel), in requested bytes with one inter-op thread (tests/peaks.py): a
     bfloat16 block keeps 20sbh bytes (the norm's and the first Dense's inputs, sbh each; GELU's
     and the second Dense's, 4sbh each, at 2 bytes) and its two kernels' bfloat16 copies
-    (16h^2), and reads exactly that, every run. With `after` returning x (the mutant) a block
-    read 27.4-31.9sbh against 21.3. Read in the allocator's chunks with two threads, the old
-    form of this test (2 blocks against 6) read 19-25.6sbh and failed a CI run. Two fresh-clone
-    CI runs (e32c597, 5757717), beside the suite's other worker, read exactly 23.33sbh, the
-    least of 3 calls too: one more bfloat16 sbh tensor a block, every call, not explained yet
-    (runs alone, and beside two busy processes, read 21.3). The bound admits that one tensor
-    and still fails the mutant. In float32 (no cast to wait behind) the stack read 40-45sbh
-    with and without the wait: not tested there."""
+    (16h^2), and reads exactly that. With `after` returning x (the mutant) a block read
+    27.4-31.9sbh against 21.3. Read in the allocator's chunks with two threads, the old form of
+    this test (2 blocks against 6) read 19-25.6sbh and failed a CI run. In requested bytes with
+    one thread the figure still followed Python's hash seed, which orders the graph's operations
+    (tests/conftest.py ONE_THREAD): 19.33sbh with seed 3, 23.33 in two CI runs, 21.33 with seeds
+    0, 1, 2, 4 and 5; the seed is pinned, and the bound is the rule's within 5%. In float32 (no
+    cast to wait behind) the stack read 40-45sbh with and without the wait: not tested there."""
     small, large, sbh, copies = fresh_result(MLP_STACKS, env=ONE_THREAD, timeout=300)
     per_block = (large - small) / 4
     rule = 20 * sbh + copies
-    assert 0.95 * rule <= per_block <= rule + 2.5 * sbh, (small, large, per_block / sbh)
+    assert 0.95 * rule <= per_block <= 1.05 * rule, (small, large, per_block / sbh)

@@ -3,7 +3,16 @@ the step starts (runner/measure/steps.py momentum_products): the walk holds thos
 until each variable's gradient reaches its update, and an accumulating step's update call
 holds all of them. Measured against the allocator's peak of a step in a fresh process."""
 
+import pytest
+
 from tests.conftest import fresh_result
+
+# Serial (run alone, after the others): its rules say which updates the executor runs at
+# once with two inter-op threads, and beside the suite's other worker that timing moved the
+# figures past their bounds in CI runs
+# (SGD's products at 0.687 of the rule at aaad562).
+pytestmark = pytest.mark.serial
+
 
 SCRIPT = r"""
 import json, os
