@@ -68,10 +68,30 @@ def workspace(
     float32 whatever the policy; the sbh part is float32 too. Measured as above with
     jit_compile=True: 32.9 bytes per sbh (7 x 4 + 4 = 32 here) and 8.5 per block element
     (8 here) in float32, 30.4 and 8.0 in bfloat16; with dropout 12.4 and 12.1 (12 here).
+    Those shapes had b and a above 1. Where either is 1 (a micro-batch of one, or one head),
+    XLA gives one more block its own storage (xla_block_buffers).
     """
     sbh, asc = s * b * h, a * s * block * b
     if xla:
         # the 3 sbh kept from the forward pass (kept) are not allocated again here
-        return (32 - 12) * sbh + 4 * a * s * b + (3 if dropout > 0 else 2) * 4 * asc
+        return (32 - 12) * sbh + 4 * a * s * b + xla_block_buffers(b, a, dropout) * 4 * asc
     per_block = (3 + (2 if dropout > 0 else 0)) * 4 + (2 * p if p < 4 else 0)
     return (7 * p + 4) * sbh + 4 * a * s * b + per_block * asc
+
+
+def xla_block_buffers(b: int, a: int, dropout: float) -> int:
+    """Float32 [b, a, s, block] buffers that XLA's plan of a chunked core's backward on a CPU
+    stores at once: the probabilities and their gradient, with dropout the random bits (u32,
+    read by two fusions) and the dropped probabilities. A fusion whose operand dies in it may
+    write its output into the operand's buffer, when both have one shape: with b and a above 1
+    the dropped probabilities overwrite the probabilities (and without dropout the gradient
+    does). Where b or a is 1, XLA drops the unit dimension inside those fusions (their outputs
+    are [a, s, block] or [b, s, block], a bitcast), the shapes differ, and each keeps its own
+    buffer. Read off the plan's peak (XLA_FLAGS=--xla_dump_to, "Live ranges at ... (peak)"
+    and each value's offset), the core alone, jit_compile=True: (b, a) = (2, 8), (2, 4),
+    (4, 3), (3, 5): 3 live and 2 stored, 4 and 3 with dropout; (1, 8), (2, 1), (1, 1) and
+    b=1 a=8 at 512 tokens: 3 and 3, 4 and 4. In a model, seed 31's draw 6 (b=1, 15 heads,
+    693 tokens) and h=32, 8 heads, 512 tokens at b=1: four stored; at b=2, blocks of 64: four
+    live, three stored."""
+    unit = b == 1 or a == 1
+    return (3 if dropout > 0 else 2) + (1 if unit else 0)

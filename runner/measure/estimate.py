@@ -53,11 +53,6 @@ def _nbytes(variables) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def _float32_bytes(variables) -> int:
-    """Gradients and accumulation sums are float32: variables stay float32 under mixed policies."""
-    return sum(math.prod(v.shape) * 4 for v in variables)
-
-
 # XLA on a CPU computes 16-bit policies largely in float32 (shared GUIDE). Re-measured with the
 # allocator's pool grown first (issue 13; before it, peaks were the allocator's rounding):
 # `python -m runner.bench precision_accum` and `memory`, one process per job, on a CPU with
@@ -93,7 +88,7 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
     if transformer_xla and not replicated:
         nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy, cfg.accum)
     else:
-        nbytes = _float32_bytes(trainable)
+        nbytes = steps.float32_bytes(trainable)
     copies = 2 if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else 1
     pack = steps.all_reduce_pack(trainable) if replicated and cfg.accum == 1 else 0
     return copies * nbytes + pack
@@ -113,7 +108,7 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if not scaled or cfg.accum > 1:
         return every, every, every, every
-    all_of_them = _float32_bytes(trainable)
+    all_of_them = steps.float32_bytes(trainable)
     head = (cfg.model.h + 1) * spec.num_classes * 4
     embedding = spec.vocab_size * cfg.model.h * 4
     return 0, head, all_of_them - embedding, 2 * all_of_them
@@ -182,6 +177,7 @@ def estimate_memory(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
+    threads = steps.inter_op_threads()  # the updates, and the masks' choices, run at once
     gradients = _gradient_bytes(trainable, optimizer, cfg, transformer_xla)
     if not_modelled(cfg, model):  # a subclassed model's insides
         activations, workspace = None, None
@@ -204,7 +200,6 @@ def estimate_memory(
         else:  # every gradient, and the slot products alone (backward.Executor)
             gradients += in_flight
         if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
-            threads = steps.inter_op_threads()
             update = steps.update_call_bytes(trainable, optimizer, threads, steps.replicated(cfg))
             inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
             if update + inputs > activations + workspace + gradients:
@@ -216,7 +211,6 @@ def estimate_memory(
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
     choice = None  # what a choice step holds beyond the backward's moment (steps.choice_bytes)
     if activations is not None:
-        threads = steps.inter_op_threads()
         held = activations + workspace + gradients
         choice = steps.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - held
     parts = {
@@ -227,8 +221,8 @@ def estimate_memory(
         "optimizer": _nbytes(optimizer.variables),
         # The train step (runner/techniques/accumulation.py) sums micro-batch gradients: one
         # running float32 sum beside the current micro-batch's gradients.
-        "accumulation": _float32_bytes(trainable) if cfg.accum > 1 else 0,
-        "masks": _float32_bytes(kernels),
+        "accumulation": steps.float32_bytes(trainable) if cfg.accum > 1 else 0,
+        "masks": steps.float32_bytes(kernels),
         # A step that chooses new masks holds their choice once its update has run, when the
         # activations and gradients are gone: what it holds beyond them, if more.
         "mask_choice": None if choice is None else max(0, choice),

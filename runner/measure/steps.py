@@ -52,9 +52,20 @@ def replicated(cfg) -> bool:
 # each) were alive, beside the collective's temporary chunk (4.27 MiB), and no update had
 # run. The estimate counts each replica's gradients and one pack; a GPU's NCCL all-reduce
 # packs them too (tf.distribute's NcclAllReduce, num_packs=1), unconfirmed here.
+def float32_sizes(variables) -> list[int]:
+    """Each variable's bytes in float32, the largest first: gradients, sums and masks are
+    float32 whatever the policy (variables stay float32 under mixed policies)."""
+    return sorted((math.prod(v.shape) * 4 for v in variables), reverse=True)
+
+
+def float32_bytes(variables) -> int:
+    """All of `variables` in float32 (float32_sizes)."""
+    return sum(float32_sizes(variables))
+
+
 def all_reduce_pack(trainable) -> int:
     """Float32 bytes of the all-reduce's pack of every gradient."""
-    return sum(math.prod(v.shape) * 4 for v in trainable)
+    return float32_bytes(trainable)
 
 
 def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
@@ -106,14 +117,14 @@ def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False
     (all_reduce_pack) and its result, then the updates' buffers run beside the result
     (measured on 2 logical CPUs, a replica's share of the call: 29-37 MiB on a Dense stack of
     16 MiB, the rule 32; 128-130 on one of 64 MiB, the rule 128)."""
-    largest = sorted((math.prod(v.shape) * 4 for v in trainable), reverse=True)[:slots]
-    buffers = (1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)) * sum(largest)
+    sizes = float32_sizes(trainable)
+    buffers = (1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)) * sum(sizes[:slots])
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    everything = sum(math.prod(v.shape) * 4 for v in trainable)
+    everything = sum(sizes)
     quotients = everything if scaled else 0
     # SGD's momentum products, all made when the call starts (momentum_products)
     products = everything if momentum_products(optimizer) else 0
-    pack = all_reduce_pack(trainable) if replicated else 0
+    pack = everything if replicated else 0  # all_reduce_pack
     return products + pack + max(buffers, quotients, pack)
 
 
@@ -155,7 +166,7 @@ def choice_bytes(kernels, schedule: str, slots: int, cpu_xla: bool) -> int:
     rule 28.7), six 16 MiB Dense kernels 112.1 (the rule 128); the profiler's memory events put
     the choices of many kernels alive at once at the peak (53 new masks, 27 kept flags, 4
     top_k's outputs in DenseNet121's)."""
-    sizes = sorted((math.prod(v.shape) * 4 for v in kernels), reverse=True)
+    sizes = float32_sizes(kernels)
     if not sizes:
         return 0
     if cpu_xla:
