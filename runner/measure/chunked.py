@@ -95,3 +95,20 @@ def xla_block_buffers(b: int, a: int, dropout: float) -> int:
     live, three stored."""
     unit = b == 1 or a == 1
     return (3 if dropout > 0 else 2) + (1 if unit else 0)
+
+
+def xla_float16_layer(s: int, b: int, a: int, h: int) -> int:
+    """Bytes a transformer layer with a chunked core (more than one key block) keeps under XLA
+    on a CPU with the float16 policy, beyond its dropout masks. The standard core's layer keeps
+    float32 copies beside its 16-bit tensors (6 bytes per sbh element, estimate.CPU_XLA_BYTES);
+    this one keeps its sbh terms as float32's layer does, except the residual stream and the
+    core's blocked operands, which stay float16, and one 4h float32 copy more in its MLP (the
+    down projection's operand, a float32 copy of the 16-bit GELU output). Read off XLA's plans
+    (the per-layer slope of 2 and 4 layers, h=64, 4 heads, 256 tokens, blocks of 64, b=4,
+    `none`, dropout 0): float32's layer three 4h and 12 sbh float32 tensors (96 bytes per
+    sbh; the rule 92); float16's four 4h float32, 6 sbh float32 and 6 float16 (the two
+    residual adds and four blocked operands): 100 bytes per sbh, where 6 bytes per element
+    counted 132. Here: 20 sbh elements and one 4h copy in float32, and the core's 3 sbh kept
+    operands at 2 bytes (102), and its logsumexp."""
+    sbh = s * b * h
+    return (20 * 4 + 4 * 4 + 3 * 2) * sbh + 4 * a * s * b

@@ -88,6 +88,8 @@ def layer_bytes(s, b, h, a, p, dropout, block=None, policy="float32", core=None)
     sbh, ass = s * b * h, a * s * s * b
     masks = 2 * sbh * MASK_BYTES[policy] if dropout > 0 else 0  # the residual path's two
     kept = ((16 + EXTRA_PER_LAYER) * p - MLP_16BIT_SAVING[policy]) * sbh + masks
+    if block and policy == "mixed_float16":
+        return masks + chunked.xla_float16_layer(s, b, a, h)
     if block:
         return kept + chunked.kept(s, b, a, h, xla=True)
     return kept + ass * CORE_BYTES[core or policy][dropout > 0]
