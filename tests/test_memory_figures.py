@@ -34,6 +34,9 @@ def _xla_total_bytes(dump_dir) -> int:
 # counted as float32, as before, it read 0.78x XLA's plan at h=64, 3 layers, 128 tokens).
 # float16 with a chunked core (3 key blocks): its layer keeps float32's tensors, not float16
 # pairs (chunked.xla_float16_layer): 1.000x XLA's plan; 1.240x with 6 bytes an element.
+# bfloat16 with a chunked core of one key block under selective: not rebuilt, and two float32
+# tensors of the scores' size a layer (xla_memory.ONE_BLOCK_16BIT): 0.988x; 0.636x counted as
+# rebuilt, 0.735x at float32's one tensor.
 @pytest.mark.parametrize(
     "policy, extra, margin",
     [
@@ -42,6 +45,7 @@ def _xla_total_bytes(dump_dir) -> int:
         ("selective", [], 0.06),
         ("none", ["precision=bf16", "model.dropout=0.1"], 0.03),
         ("none", ["precision=mixed", "model.attention=chunked", "model.attention_block=32"], 0.03),
+        ("selective", ["precision=bf16", "model.attention=chunked"], 0.03),
     ],
 )
 def test_the_xla_estimate_is_xlas_own_memory_plan(policy, extra, margin, tmp_path, store):

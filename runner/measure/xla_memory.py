@@ -72,8 +72,17 @@ MLP_KEPT = 9 + EXTRA_PER_LAYER
 #   next dot's operand and not kept.
 # - float16: the float32 softmax and a float32 copy of its float16 rounding (8); with
 #   dropout, the draw's 16 random bits (10).
-CORE_BYTES = {"float32": (4, 12), "mixed_bfloat16": (6, 8), "mixed_float16": (8, 10)}
-MASK_BYTES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2}
+# - a chunked core with one key block under a 16-bit policy (ONE_BLOCK_16BIT): it computes in
+#   float32, and keeps two float32 tensors of its scores' size, not float32's one (8); with
+#   dropout float32's three (12). Read off the plans of a 6-layer transformer (15 heads, 103
+#   tokens, blocks of 128, batch 5, no dropout): 12 float32 as^2b buffers at the peak in
+#   bfloat16 and in float16, 6 in float32 (measured/estimate 2.16 under selective, 1.39 under
+#   none, 1.035 in float32); with dropout seed 29's draw 59 (bfloat16) read 1.01 at 12.
+ONE_BLOCK_16BIT = "chunked_one_block_16bit"
+CORE_BYTES = {
+    "float32": (4, 12), "mixed_bfloat16": (6, 8), "mixed_float16": (8, 10), ONE_BLOCK_16BIT: (8, 12)
+}  # fmt: skip
+MASK_BYTES = {"float32": 4, "mixed_bfloat16": 2, "mixed_float16": 2, ONE_BLOCK_16BIT: 4}
 # Under bfloat16 the MLP's GELU output (4sbh), the down projection's operand, is kept as
 # bfloat16 alone (the same plans: 2 bytes an element where float32 keeps 4; float16 keeps a
 # float32 copy): bytes a layer's sbh terms keep less than (16 + EXTRA_PER_LAYER) x p.
@@ -117,6 +126,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     sbh, ass = s * b * m.h, m.heads * s * s * b
     precision = core = cfg.precision.policy  # core: what the attention core computes in
+    chunked_core = block is not None  # selective never rebuilds one (one key block or more)
     if block and s <= block:
         # One key block: XLA removes the loops, and its common-subexpression pass merges the
         # backward's recomputed scores and dropout factors with the forward's, so the core
@@ -124,11 +134,11 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
         # 2.18x the chunked core's count, 1.01x the standard's). The chunked core computes its
         # scores, probabilities and dropout draws in float32 (models/chunked_attention.py),
         # so it keeps them as float32's standard core does (draw 59: 1.30 counted as
-        # bfloat16's).
-        block, core = None, "float32"
+        # bfloat16's); under a 16-bit policy, as two (ONE_BLOCK_16BIT).
+        block, core = None, "float32" if precision == "float32" else ONE_BLOCK_16BIT
     layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block, precision, core)
     policy, masks = cfg.checkpointing.policy, 0
-    if policy == "none" or (policy == "selective" and block):  # a chunked core is not rebuilt
+    if policy == "none" or (policy == "selective" and chunked_core):  # not rebuilt
         kept, rebuilt = m.layers * layer, 0
     elif policy == "selective":
         rebuilt = core_bytes(s, b, m.heads, m.dropout, core)
