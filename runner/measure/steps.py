@@ -45,13 +45,6 @@ def replicated(cfg) -> bool:
     return cfg.distribution.strategy != "none"
 
 
-# Under a strategy Keras all-reduces the whole list of gradients in one call, and
-# TensorFlow's collective all-reduce first concatenates them into one tensor: **measured**
-# (the profiler's memory events of MobileNetV2's accum=1 step on 2 logical CPUs, 8.5 MiB of
-# weights): at the step's peak each replica's gradients and their concatenation (8.53 MiB
-# each) were alive, beside the collective's temporary chunk (4.27 MiB), and no update had
-# run. The estimate counts each replica's gradients and one pack; a GPU's NCCL all-reduce
-# packs them too (tf.distribute's NcclAllReduce, num_packs=1), unconfirmed here.
 def float32_sizes(variables) -> list[int]:
     """Each variable's bytes in float32, the largest first: gradients, sums and masks are
     float32 whatever the policy (variables stay float32 under mixed policies)."""
@@ -63,6 +56,13 @@ def float32_bytes(variables) -> int:
     return sum(float32_sizes(variables))
 
 
+# Under a strategy Keras all-reduces the whole list of gradients in one call, and
+# TensorFlow's collective all-reduce first concatenates them into one tensor: **measured**
+# (the profiler's memory events of MobileNetV2's accum=1 step on 2 logical CPUs, 8.5 MiB of
+# weights): at the step's peak each replica's gradients and their concatenation (8.53 MiB
+# each) were alive, beside the collective's temporary chunk (4.27 MiB), and no update had
+# run. The estimate counts each replica's gradients and one pack; a GPU's NCCL all-reduce
+# packs them too (tf.distribute's NcclAllReduce, num_packs=1), unconfirmed here.
 def all_reduce_pack(trainable) -> int:
     """Float32 bytes of the all-reduce's pack of every gradient."""
     return float32_bytes(trainable)
