@@ -47,12 +47,10 @@ out = {"replicas": strategy.num_replicas_in_sync,
 for name, distributed in (("rule", "mirrored"), ("one device", "none")):
     cfg = OmegaConf.create({"accum": 1, "precision": {"policy": "float32"},
                             "distribution": {"strategy": distributed}})
-    executor = steps.executor(adam, cfg, cpu_xla=False)
-    kept, work, in_flight = backward.walk_step(mlp, 1, 4, RematInfo(), executor)
-    if steps.replicated(cfg):  # every gradient (the estimate's, with no update in flight)
-        pack = steps.all_reduce_pack(mlp.trainable_variables)  # and their pack
-        in_flight += out["weights"] + pack
-    out[name] = kept + work + in_flight
+    # every gradient and their pack once the backward has ended (estimate._gradient_bytes)
+    waits_for = out["weights"] + steps.all_reduce_pack(mlp.trainable_variables)
+    executor = steps.executor(adam, cfg, cpu_xla=False, gradients=waits_for)
+    out[name] = sum(backward.walk_step(mlp, 1, 4, RematInfo(), executor))
 
 # accum=2: each micro-batch's gradient added into the replica's sum as it comes (the replica's
 # function is inlined without XLA), then the update's call all-reduces the sums

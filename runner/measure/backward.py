@@ -118,8 +118,9 @@ def _xla_kernel_bytes(op, grad_in: bool) -> int:
 def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     """(activations kept at the peak; workspace then: the running operation's and the
     gradients waiting at skip connections) in bytes, at micro-batch b and p bytes per
-    16-bit-policy element (float32 layers keep 4)."""
-    held, transient, _ = walk_step(model, b, p, remat, Executor())
+    16-bit-policy element (float32 layers keep 4), of a forward+backward that differentiates
+    the model's inputs (as the tests of a layer's rules measure one)."""
+    held, transient, _ = walk_step(model, b, p, remat, Executor(), input_gradient=True)
     return held, transient
 
 
@@ -139,13 +140,19 @@ class Executor:
     slots (SGD's momentum x m, runner/measure/steps.py) dies: "as_they_come" (its variable's
     update, started by its gradient), "at_the_end" (after the backward: a loss-scaled step
     checks every gradient first); "" none. The executor computes them all when the step
-    starts, as it casts the kernels."""
+    starts, as it casts the kernels.
+    waits_for: bytes a step that waits for every weight gradient before it applies any (a
+    loss-scaled step checks them all, a step under a strategy all-reduces them) holds once its
+    backward has ended: all of them, with their quotients or their pack
+    (estimate._gradient_bytes); 0: a step that does not wait. While it waits, each float32
+    gradient is held from its layer's backward on."""
 
     slots: int = 0
     per_byte: float = 1.0
     conv_threads: int = 0
     cpu_xla: bool = False
     slot_products: str = ""
+    waits_for: int = 0
 
 
 def _slot_products(ops, n: int, executor: Executor) -> tuple[_Timeline, int]:
@@ -166,6 +173,11 @@ def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
     temporaries until `slots` later weight gradients have been born (the update then done);
     the last `slots` are still updating when the backward ends (position 0)."""
     timeline = _Timeline(n)
+    if executor.waits_for:  # each held from its backward until the step ends
+        for i, op, _, _ in ops:
+            nbytes = sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
+            timeline.add(0, i, nbytes)
+        return timeline
     if not executor.slots:
         return timeline
     born = [
@@ -180,10 +192,13 @@ def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
     return timeline
 
 
-def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tuple[int, int, int]:
+def walk_step(
+    model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient: bool = False
+) -> tuple[int, int, int]:
     """As walk, with the weight gradients in flight (Executor) in the peak's choice: (activations
     kept, workspace, gradients and their updates' temporaries) at the peak, the backward's or,
-    where it holds more, the forward's (no gradient exists there yet)."""
+    where it holds more, the forward's (no gradient exists there yet). A training step
+    differentiates its weights only; input_gradient: the model's inputs too."""
     ops, consumers, elements = _graph(model)
     n = len(ops)
     half = p < 4
@@ -201,6 +216,13 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         return ends[segment[op.name]] if op.name in segment else n - 1
 
     producer = {t: i for i, _, _, outs in ops for t in outs}
+    # Tensors whose gradient the step computes: those a trainable weight went into. TensorFlow
+    # prunes the rest of the gradient graph (no input gradient of a convolution that reads a
+    # Rescaling of the model's input, no backward of the Rescaling).
+    needs = {t for _, _, ins, _ in ops for t in ins if t not in producer and input_gradient}
+    for _, op, ins, outs in ops:
+        if getattr(op, "trainable_weights", None) or any(t in needs for t in ins):
+            needs.update(outs)
 
     def weight_gradient_ends(c: int) -> int:
         """Where reader c's backward is done with its input: a layer with weights computes its
@@ -249,7 +271,7 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         # Its kernel's 16-bit copy: the executor casts every kernel when the step starts, a
         # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits);
         # XLA makes each copy of a kernel once, for the forward and the recomputation alike.
-        grad_in = any(t in producer for t in ins)  # its input gradient is computed
+        grad_in = any(t in needs for t in ins)  # its input gradient is computed
         cast = _kernel_elements(op) * p if width(op) < 4 else 0
         copy = _xla_kernel_bytes(op, grad_in) if executor.cpu_xla and _convolves(op) else cast
         kept.add(i, n - 1, copy)
@@ -261,6 +283,8 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
         temporaries = (2 if half else 1) * inputs[0] * 4 if kind in layers.NORMS else 0
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
         fwork.add(i, i, size * width(op) + loose + temporaries)
+        if not any(t in needs for t in outs):
+            continue  # no backward runs for it
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
         if executor.conv_threads:
@@ -279,6 +303,11 @@ def walk_step(model, b: int, p: int, remat: RematInfo, executor: Executor) -> tu
     fheld, ftransient = fkept.values(), fwork.values()
     fpeak = max(range(n), key=lambda i: fheld[i] + ftransient[i])
     backward_peak = held[peak] + transient[peak] + grads[peak]
+    # Once a waiting step's backward has ended: its gradients and their copies (waits_for)
+    # beside what the update reads only (the slot products alive then), no activation.
+    end = executor.waits_for + (products.values()[0] if n else 0)
+    if end > max(backward_peak, fheld[fpeak] + ftransient[fpeak] + forward_products):
+        return 0, 0, end
     if fheld[fpeak] + ftransient[fpeak] + forward_products > backward_peak:
         return fheld[fpeak], ftransient[fpeak], forward_products
     return held[peak], transient[peak], grads[peak]

@@ -191,11 +191,11 @@ def estimate_memory(
             cfg, spec, p, attention_block(cfg, spec), alive
         )
     else:
-        executor = steps.executor(optimizer, cfg, cpu_xla)
+        executor = steps.executor(optimizer, cfg, cpu_xla, gradients)
         activations, workspace, in_flight = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo(), executor, on_gpu
         )
-        if executor.slots:  # the gradients alive at the peak, not all of them
+        if executor.slots or executor.waits_for:  # the gradients alive at the peak
             gradients = in_flight
         else:  # every gradient, and the slot products alone (backward.Executor)
             gradients += in_flight

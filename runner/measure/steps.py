@@ -68,7 +68,7 @@ def all_reduce_pack(trainable) -> int:
     return float32_bytes(trainable)
 
 
-def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
+def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> backward.Executor:
     """How the executor runs a graph model's step (backward.Executor). In an accum=1 step,
     weight gradients are applied as they come by as many updates at once as it has inter-op
     threads, each holding its gradient and its update's buffers (UPDATE_BUFFERS). In a
@@ -76,8 +76,9 @@ def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     as it comes (runner/techniques/accumulation.py: one assign_add, no buffer of its own) and
     dies there: one at a time (measured: 17.5 MiB on a stack of 16 MiB kernels,
     tests/test_conv_scratch.py). A loss-scaled accum=1 step waits for every gradient to check
-    it, a step under a strategy for their all-reduce (all_reduce_pack): their gradients are
-    counted whole (estimate._gradient_bytes), not here. Convolutions take
+    it, a step under a strategy for their all-reduce (all_reduce_pack): each is held from
+    its backward on, and once the backward has ended all of them with their copies,
+    `gradients` (estimate._gradient_bytes: Executor.waits_for). Convolutions take
     conv_scratch's buffers on a CPU without XLA or oneDNN."""
     threading = tf.config.threading
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -99,7 +100,8 @@ def executor(optimizer, cfg, cpu_xla: bool) -> backward.Executor:
     products = ""
     if momentum_products(optimizer) and not cpu_xla and cfg.accum == 1:
         products = "at_the_end" if waits else "as_they_come"
-    return backward.Executor(slots, per_byte, intra, on_cpu and cpu_xla, products)
+    waits_for = gradients if waits and cfg.accum == 1 else 0
+    return backward.Executor(slots, per_byte, intra, on_cpu and cpu_xla, products, waits_for)
 
 
 def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False) -> int:
