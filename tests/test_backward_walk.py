@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from runner.core.process import in_fresh_process
-from runner.measure import backward, layers
+from runner.measure import backward, layers, step_timeline
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import least_peak
 
@@ -118,7 +118,7 @@ def test_under_xla_on_a_cpu_a_depthwise_convolution_holds_the_dense_filter_gradi
     buffer = 2 * 3 * 3 * 256 * 256 * 4
     assert layers.grouped_conv_bytes(model.layers[1], xla=False) == 0
     walked = {
-        xla: sum(backward.walk_step(model, 8, 4, RematInfo(), backward.Executor(cpu_xla=xla)))
+        xla: sum(backward.walk_step(model, 8, 4, RematInfo(), step_timeline.Executor(cpu_xla=xla)))
         for xla in (False, True)
     }
     assert walked[True] - walked[False] == buffer
@@ -175,7 +175,7 @@ def test_under_xla_on_a_cpu_convolution_kernels_are_kept_transposed_and_in_float
         walked = {
             xla: sum(
                 backward.walk_step(
-                    model, 2, 4 if xla else p, RematInfo(), backward.Executor(cpu_xla=xla)
+                    model, 2, 4 if xla else p, RematInfo(), step_timeline.Executor(cpu_xla=xla)
                 )
             )
             for xla in (False, True)

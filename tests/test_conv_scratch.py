@@ -26,7 +26,7 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
-from runner.measure import backward, conv_scratch, steps
+from runner.measure import backward, conv_scratch, step_timeline, steps
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import accumulating_peaks, dense_stack, grow_pool, most_peak, step_peak
 
@@ -40,8 +40,8 @@ b = 3
 x, y = tf.random.normal((b, 51, 51, 3)), tf.zeros((b,), tf.int32)
 out["cnn"] = step_peak(cnn, x, y, None)
 threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-for name, executor in [("cnn_rule", backward.Executor(conv_threads=threads)),
-                       ("cnn_without", backward.Executor())]:
+for name, executor in [("cnn_rule", step_timeline.Executor(conv_threads=threads)),
+                       ("cnn_without", step_timeline.Executor())]:
     kept, work, _ = backward.walk_step(cnn, b, 4, RematInfo(), executor)
     out[name] = kept + work
 
@@ -49,14 +49,14 @@ mlp = dense_stack(3, 2048, 192)
 x, y = tf.random.normal((1, 192)), tf.zeros((1,), tf.int32)
 out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3), peak=most_peak)
 out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
-kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(2, 3))
+kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), step_timeline.Executor(2, 3))
 out["mlp_rule"] = kept + work + grads
 # The same stack in an accumulating step: each gradient added into its sum as it comes (a
 # floor: the least of 3 calls), then the update's call (a bound: the most of 6).
 adam = keras.optimizers.Adam(1e-3)
 out["micro"] = accumulating_peaks(mlp, x, y, adam)[0]
 out["update"] = accumulating_peaks(mlp, x, y, adam, pick=max, calls_each=6)[1]
-kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), backward.Executor(1, 1))
+kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), step_timeline.Executor(1, 1))
 out["micro_rule"] = kept + work + grads
 out["update_rule"] = steps.update_call_bytes(mlp.trainable_variables, adam, 2)
 print("RESULT " + json.dumps(out))

@@ -10,7 +10,7 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner.measure import backward, chunked, estimate, flops, transformer_memory  # noqa: E402
+from runner.measure import chunked, estimate, flops, step_timeline, transformer_memory  # noqa: E402
 from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.track.compare import PARTS  # noqa: E402  (every part the estimate has)
 from runner.train.job import build_model  # noqa: E402
@@ -551,7 +551,7 @@ def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(
     # The layers' rules alone: the executor's (runner/measure/conv_scratch.py's buffers, the
     # gradients in flight) depend on the CPU's kernels and are tested in test_conv_scratch.
     p = estimate.ACTIVATION_BYTES[cfg.precision.policy]
-    kept, work, _ = estimate._graph_activations(model, b, p, remat, backward.Executor())
+    kept, work, _ = estimate._graph_activations(model, b, p, remat, step_timeline.Executor())
     assert (kept, work) == (activations * b + copies, workspace * b)
 
 

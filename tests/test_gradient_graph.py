@@ -20,7 +20,7 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from omegaconf import OmegaConf
-from runner.measure import backward, steps
+from runner.measure import backward, step_timeline, steps
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import grow_pool, least_peak, step_peak
@@ -35,7 +35,7 @@ rescaled = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(h)))
 b = 3
 x, y = tf.random.normal((b, 51, 51, 3)), tf.zeros((b,), tf.int32)
 threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-executor = backward.Executor(conv_threads=threads)
+executor = step_timeline.Executor(conv_threads=threads)
 out["rescaled"] = step_peak(rescaled, x, y, None)
 out["rescaled rule"] = sum(backward.walk_step(rescaled, b, 4, RematInfo(), executor))
 out["rescaled with input gradient"] = sum(

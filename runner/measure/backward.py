@@ -35,11 +35,11 @@ most of what the later layers kept (DenseNet121 under checkpointing=blocks).
 """
 
 import math
-from dataclasses import dataclass
 
 import keras
 
 from runner.measure import conv_scratch, layers
+from runner.measure.step_timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
 
 
@@ -58,25 +58,6 @@ def _graph(model):
             consumers.setdefault(id(t), []).append(len(ops))
         ops.append((len(ops), op, [id(t) for t in ins], [id(t) for t in outs]))
     return ops, consumers, elements
-
-
-class _Timeline:
-    """Bytes alive at each operation's backward (index i), added over ranges of i."""
-
-    def __init__(self, n: int):
-        self.delta = [0] * (n + 1)
-
-    def add(self, first: int, last: int, nbytes: int) -> None:
-        if first <= last and nbytes:
-            self.delta[first] += nbytes
-            self.delta[last + 1] -= nbytes
-
-    def values(self) -> list[int]:
-        out, running = [], 0
-        for d in self.delta[:-1]:
-            running += d
-            out.append(running)
-        return out
 
 
 def _kernel_elements(op) -> int:
@@ -124,74 +105,6 @@ def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     return held, transient
 
 
-@dataclass(frozen=True)
-class Executor:
-    """How TensorFlow's executor runs this step, beyond the layers' own rules.
-
-    slots: weight-gradient updates running at once during the backward pass, in a step that
-    applies them as they come (runner/techniques/accumulation.py's accum=1 step: a
-    variable's update starts as soon as its gradient exists); the executor's inter-op
-    threads; 0: gradients not modelled here. per_byte: bytes an update holds per byte of its
-    float32 gradient, the gradient included.
-    conv_threads: the intra-op threads of the CPU convolution kernels whose im2col buffers
-    runner/measure/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU).
-    cpu_xla: the step is compiled by XLA for a CPU (layers.grouped_conv_bytes).
-    slot_products: when each float32 product of an update that reads only the optimizer's
-    slots (SGD's momentum x m, runner/measure/steps.py) dies: "as_they_come" (its variable's
-    update, started by its gradient), "at_the_end" (after the backward: a loss-scaled step
-    checks every gradient first); "" none. The executor computes them all when the step
-    starts, as it casts the kernels.
-    waits_for: bytes a step that waits for every weight gradient before it applies any (a
-    loss-scaled step checks them all, a step under a strategy all-reduces them) holds once its
-    backward has ended: all of them, with their quotients or their pack
-    (estimate._gradient_bytes); 0: a step that does not wait. While it waits, each float32
-    gradient is held from its layer's backward on."""
-
-    slots: int = 0
-    per_byte: float = 1.0
-    conv_threads: int = 0
-    cpu_xla: bool = False
-    slot_products: str = ""
-    waits_for: int = 0
-
-
-def _slot_products(ops, n: int, executor: Executor) -> tuple[_Timeline, int]:
-    """The slot products (Executor.slot_products) alive at each moment of the backward pass,
-    and all of them (alive through the forward pass)."""
-    timeline, total = _Timeline(n), 0
-    if not executor.slot_products:
-        return timeline, total
-    for i, op, _, _ in ops:
-        nbytes = sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
-        timeline.add(i if executor.slot_products == "as_they_come" else 0, n - 1, nbytes)
-        total += nbytes
-    return timeline, total
-
-
-def _in_flight(ops, n: int, executor: Executor) -> _Timeline:
-    """Each layer's float32 weight gradient, born at its backward, held with its update's
-    temporaries until `slots` later weight gradients have been born (the update then done);
-    the last `slots` are still updating when the backward ends (position 0)."""
-    timeline = _Timeline(n)
-    if executor.waits_for:  # each held from its backward until the step ends
-        for i, op, _, _ in ops:
-            nbytes = sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
-            timeline.add(0, i, nbytes)
-        return timeline
-    if not executor.slots:
-        return timeline
-    born = [
-        (i, sum(math.prod(v.shape) for v in op.trainable_weights) * 4)
-        for i, op, _, _ in reversed(ops)
-        if getattr(op, "trainable_weights", None)
-    ]
-    for k, (i, nbytes) in enumerate(born):
-        later = k + executor.slots
-        done = born[later][0] + 1 if later < len(born) else 0
-        timeline.add(done, i, int(nbytes * executor.per_byte))
-    return timeline
-
-
 def walk_step(
     model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient: bool = False
 ) -> tuple[int, int, int]:
@@ -233,9 +146,9 @@ def walk_step(
             return c
         return producer[ins_c[0]]
 
-    kept, work = _Timeline(n), _Timeline(n)
+    kept, work = Timeline(n), Timeline(n)
     # The forward pass, op by op: what it keeps for the backward so far, and what op q runs on.
-    fkept, fwork, crossing = _Timeline(n), _Timeline(n), set()
+    fkept, fwork, crossing = Timeline(n), Timeline(n), set()
     for i, op, ins, outs in ops:
         kind = layers.kind(op)
         size = sum(elements[t] for t in outs) * b
@@ -296,9 +209,9 @@ def walk_step(
             if len(readers_of_t) > 1:
                 work.add(i + 1, max(readers_of_t) - 1, elements[t] * b * width(op))
     held, transient = kept.values(), work.values()
-    products, forward_products = _slot_products(ops, n, executor)
-    in_flight = _in_flight(ops, n, executor).values()
-    grads = [a + c for a, c in zip(in_flight, products.values(), strict=True)]
+    products, forward_products = slot_products(ops, n, executor)
+    flight = in_flight(ops, n, executor).values()
+    grads = [a + c for a, c in zip(flight, products.values(), strict=True)]
     peak = max(range(n), key=lambda i: held[i] + transient[i] + grads[i])
     fheld, ftransient = fkept.values(), fwork.values()
     fpeak = max(range(n), key=lambda i: fheld[i] + ftransient[i])

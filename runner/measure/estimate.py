@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from models.common import is_graph
-from runner.measure import backward, steps, transformer_memory, xla_memory
+from runner.measure import backward, step_timeline, steps, transformer_memory, xla_memory
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo
 
@@ -133,7 +133,7 @@ ALLOCATOR_WASTE = 0.093
 
 
 def _graph_activations(
-    model, b: int, p: int, remat: RematInfo, executor: backward.Executor, on_gpu: bool = False
+    model, b: int, p: int, remat: RematInfo, executor: step_timeline.Executor, on_gpu: bool = False
 ) -> tuple[int, int, int]:
     """(activations, workspace, gradients in flight) of a functional model at the peak of its
     step, from the backward walk (runner/measure/backward.py): the tensors the backward pass
@@ -197,7 +197,7 @@ def estimate_memory(
         )
         if executor.slots or executor.waits_for:  # the gradients alive at the peak
             gradients = in_flight
-        else:  # every gradient, and the slot products alone (backward.Executor)
+        else:  # every gradient, and the slot products alone (step_timeline.Executor)
             gradients += in_flight
         if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
             update = steps.update_call_bytes(trainable, optimizer, threads, steps.replicated(cfg))
