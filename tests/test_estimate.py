@@ -89,6 +89,17 @@ def test_loss_scale_optimizer_counts_inner_slots():
     assert parts["gradients"] in alive
 
 
+@pytest.mark.usefixtures("fresh_session")
+def test_a_loss_scaled_cnn_holds_both_copies_of_its_gradients_only_after_its_backward():
+    # The walk's moment holds the scaled gradients made so far, the end both copies of all
+    # (step_timeline.Executor.waits_for; tests/test_gradient_graph.py measures it): never
+    # both copies beside the walk's own gradients.
+    model, opt, cfg, spec = built("mobilenet", "precision=mixed")
+    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    every = trainable_bytes(model)
+    assert 0 < parts["gradients"] <= 2 * every, (parts["gradients"], every)
+
+
 @pytest.mark.parametrize("accum, copies", [(1, 0), (4, 1)])
 @pytest.mark.usefixtures("fresh_session")
 def test_accumulation_buffer(accum, copies):
