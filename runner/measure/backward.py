@@ -38,6 +38,7 @@ import math
 
 import keras
 
+from models.common import is_graph
 from runner.measure import conv_scratch, layers
 from runner.measure.step_timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
@@ -45,18 +46,34 @@ from runner.techniques.checkpointing import RematInfo
 
 def _graph(model):
     """(ops, consumers of each tensor, elements per example of each tensor) in graph order; an
-    op is (index, layer, input tensor ids, output tensor ids), tensors named by id."""
-    ops, consumers, elements = [], {}, {}
-    for op in model.operations:
-        if isinstance(op, keras.layers.InputLayer):
-            continue
-        node = op._inbound_nodes[0]
-        ins, outs = node.arguments.keras_tensors, keras.tree.flatten(node.outputs)
-        for t in [*ins, *outs]:
-            elements[id(t)] = math.prod(t.shape[1:])
-        for t in ins:
-            consumers.setdefault(id(t), []).append(len(ops))
-        ops.append((len(ops), op, [id(t) for t in ins], [id(t) for t in outs]))
+    op is (index, layer, input tensor ids, output tensor ids), tensors named by id. A nested
+    functional model (a backbone called on the model's input) is its own operations in its
+    place, its inputs and outputs the tensors of its call: what TensorFlow runs."""
+    ops, consumers, elements, alias = [], {}, {}, {}
+
+    def name(t) -> int:
+        return alias.get(id(t), id(t))
+
+    def visit(graph) -> None:
+        for op in graph.operations:
+            if isinstance(op, keras.layers.InputLayer):
+                continue
+            node = op._inbound_nodes[0]
+            ins, outs = node.arguments.keras_tensors, keras.tree.flatten(node.outputs)
+            if is_graph(op):
+                for inner, outer in zip(keras.tree.flatten(op.inputs), ins, strict=True):
+                    alias[id(inner)] = name(outer)
+                visit(op)
+                for inner, outer in zip(keras.tree.flatten(op.outputs), outs, strict=True):
+                    alias[id(outer)] = name(inner)
+                continue
+            for t in [*ins, *outs]:
+                elements[name(t)] = math.prod(t.shape[1:])
+            for t in ins:
+                consumers.setdefault(name(t), []).append(len(ops))
+            ops.append((len(ops), op, [name(t) for t in ins], [name(t) for t in outs]))
+
+    visit(model)
     return ops, consumers, elements
 
 
@@ -137,6 +154,9 @@ def walk_step(
         if getattr(op, "trainable_weights", None) or any(t in needs for t in ins):
             needs.update(outs)
 
+    def runs(i: int) -> bool:  # whether op i's backward runs: a weight needs its gradient
+        return any(t in needs for t in ops[i][3])
+
     def weight_gradient_ends(c: int) -> int:
         """Where reader c's backward is done with its input: a layer with weights computes its
         weight gradient beside the backward of the operation that produced its input (it and
@@ -155,9 +175,11 @@ def walk_step(
         inputs = [elements[t] * b for t in ins]
         # Its output, kept until the earliest backward that reads it.
         # (reader, where its backward is done with the tensor, bytes an element)
-        readers = [(i, i, width(op))] if kind in layers.KEEPS_OUTPUT else []
+        readers = [(i, i, width(op))] if kind in layers.KEEPS_OUTPUT and runs(i) else []
         for c in sorted({c for t in outs for c in consumers.get(t, [])}):
             reader = ops[c][1]
+            if not runs(c):  # no backward reads it (a frozen layer's)
+                continue
             # a segment keeps its inputs for its recomputation
             other_segment = reader.name in segment and segment[reader.name] != segment.get(op.name)
             if layers.kind(reader) in keepers:
@@ -177,7 +199,7 @@ def walk_step(
                 crossing.update(outs)
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
-        own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled)
+        own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled) * runs(i)
         kept.add(i, last_alive(i, op), own)
         if op.name not in segment:
             fkept.add(i + 1, n - 1, own)
@@ -187,7 +209,7 @@ def walk_step(
         grad_in = any(t in needs for t in ins)  # its input gradient is computed
         cast = _kernel_elements(op) * p if width(op) < 4 else 0
         copy = _xla_kernel_bytes(op, grad_in) if executor.cpu_xla and _convolves(op) else cast
-        kept.add(i, n - 1, copy)
+        kept.add(i, n - 1, copy * runs(i))
         work.add(i, i, cast)  # its 16-bit weight gradient, beside its float32 cast
         fkept.add(0, n - 1, copy)
         if op.name in segment and not executor.cpu_xla:
@@ -196,7 +218,7 @@ def walk_step(
         temporaries = (2 if half else 1) * inputs[0] * 4 if kind in layers.NORMS else 0
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
         fwork.add(i, i, size * width(op) + loose + temporaries)
-        if not any(t in needs for t in outs):
+        if not runs(i):
             continue  # no backward runs for it
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
