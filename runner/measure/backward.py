@@ -43,6 +43,10 @@ from runner.measure import conv_scratch, layers
 from runner.measure.step_timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
 
+# Elementwise in inference (a frozen BatchNormalization is x * inv + offset): their kernels
+# write their output over an input no other operation reads (walk_step's forward).
+IN_PLACE = {"BatchNormalization", "ReLU", "Activation:relu", "Activation:relu6", "Add", "Rescaling"}
+
 
 def _graph(model):
     """(ops, consumers of each tensor, elements per example of each tensor) in graph order; an
@@ -214,9 +218,16 @@ def walk_step(
         fkept.add(0, n - 1, copy)
         if op.name in segment and not executor.cpu_xla:
             fkept.add(0, i, copy)
-        # Its forward: its inputs (those not kept) and output, a norm's float32 temporaries.
-        temporaries = (2 if half else 1) * inputs[0] * 4 if kind in layers.NORMS else 0
+        # Its forward: its inputs (those not kept) and output, a norm's float32 temporaries. A
+        # layer whose backward never runs (frozen) computes as in inference: a norm takes no
+        # moments, and an elementwise layer writes its output over an input that dies in it
+        # (TensorFlow's elementwise kernels forward a buffer whose only reader they are).
+        frozen = not runs(i)
+        norm = kind in layers.NORMS and not frozen
+        temporaries = (2 if half else 1) * inputs[0] * 4 if norm else 0
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
+        if frozen and kind in IN_PLACE and len(consumers.get(ins[0], [])) == 1:
+            loose -= min(inputs[0], size) * width(op) if ins[0] not in crossing else 0
         fwork.add(i, i, size * width(op) + loose + temporaries)
         if not runs(i):
             continue  # no backward runs for it
