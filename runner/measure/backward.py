@@ -28,6 +28,10 @@ from the last to the first, as TensorFlow's executor runs a step:
   (_xla_kernel_bytes).
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
 inside it exist only while its own backward runs (it is recomputed then).
+TensorFlow computes only the gradients a trainable weight needs: an operation no weight went
+into (a frozen backbone's, a Rescaling of the input) runs no backward and keeps nothing for
+one, and computes as in inference (IN_PLACE); a backbone nested as one layer of the model is
+walked as its own operations (_graph).
 
 Counting every kept tensor at once beside the largest single workspace, as the estimate did
 before, overstated models whose largest workspace comes early, when the backward has freed
