@@ -162,8 +162,8 @@ def walk_step(
         if getattr(op, "trainable_weights", None) or any(t in needs for t in ins):
             needs.update(outs)
 
-    def runs(i: int) -> bool:  # whether op i's backward runs: a weight needs its gradient
-        return any(t in needs for t in ops[i][3])
+    # whether each op's backward runs: a weight needs its outputs' gradient
+    runs = [any(t in needs for t in outs) for _, _, _, outs in ops]
 
     def weight_gradient_ends(c: int) -> int:
         """Where reader c's backward is done with its input: a layer with weights computes its
@@ -183,10 +183,10 @@ def walk_step(
         inputs = [elements[t] * b for t in ins]
         # Its output, kept until the earliest backward that reads it.
         # (reader, where its backward is done with the tensor, bytes an element)
-        readers = [(i, i, width(op))] if kind in layers.KEEPS_OUTPUT and runs(i) else []
+        readers = [(i, i, width(op))] if kind in layers.KEEPS_OUTPUT and runs[i] else []
         for c in sorted({c for t in outs for c in consumers.get(t, [])}):
             reader = ops[c][1]
-            if not runs(c):  # no backward reads it (a frozen layer's)
+            if not runs[c]:  # no backward reads it (a frozen layer's)
                 continue
             # a segment keeps its inputs for its recomputation
             other_segment = reader.name in segment and segment[reader.name] != segment.get(op.name)
@@ -207,7 +207,7 @@ def walk_step(
                 crossing.update(outs)
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
-        own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled) * runs(i)
+        own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled) * runs[i]
         kept.add(i, last_alive(i, op), own)
         if op.name not in segment:
             fkept.add(i + 1, n - 1, own)
@@ -217,7 +217,7 @@ def walk_step(
         grad_in = any(t in needs for t in ins)  # its input gradient is computed
         cast = _kernel_elements(op) * p if width(op) < 4 else 0
         copy = _xla_kernel_bytes(op, grad_in) if executor.cpu_xla and _convolves(op) else cast
-        kept.add(i, n - 1, copy * runs(i))
+        kept.add(i, n - 1, copy * runs[i])
         work.add(i, i, cast)  # its 16-bit weight gradient, beside its float32 cast
         fkept.add(0, n - 1, copy)
         if op.name in segment and not executor.cpu_xla:
@@ -226,14 +226,15 @@ def walk_step(
         # layer whose backward never runs (frozen) computes as in inference: a norm takes no
         # moments, and an elementwise layer writes its output over an input that dies in it
         # (TensorFlow's elementwise kernels forward a buffer whose only reader they are).
-        frozen = not runs(i)
+        frozen = not runs[i]
         norm = kind in layers.NORMS and not frozen
         temporaries = (2 if half else 1) * inputs[0] * 4 if norm else 0
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
-        if frozen and kind in IN_PLACE and len(consumers.get(ins[0], [])) == 1:
-            loose -= min(inputs[0], size) * width(op) if ins[0] not in crossing else 0
+        sole = ins[0] not in crossing and len(consumers.get(ins[0], [])) == 1
+        if frozen and kind in IN_PLACE and sole:
+            loose -= min(inputs[0], size) * width(op)
         fwork.add(i, i, size * width(op) + loose + temporaries)
-        if not runs(i):
+        if frozen:
             continue  # no backward runs for it
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
@@ -248,14 +249,15 @@ def walk_step(
     held, transient = kept.values(), work.values()
     products, forward_products = slot_products(ops, n, executor)
     flight = in_flight(ops, n, executor).values()
-    grads = [a + c for a, c in zip(flight, products.values(), strict=True)]
+    product_values = products.values()
+    grads = [a + c for a, c in zip(flight, product_values, strict=True)]
     peak = max(range(n), key=lambda i: held[i] + transient[i] + grads[i])
     fheld, ftransient = fkept.values(), fwork.values()
     fpeak = max(range(n), key=lambda i: fheld[i] + ftransient[i])
     backward_peak = held[peak] + transient[peak] + grads[peak]
     # Once a waiting step's backward has ended: its gradients and their copies (waits_for)
     # beside what the update reads only (the slot products alive then), no activation.
-    end = executor.waits_for + (products.values()[0] if n else 0)
+    end = executor.waits_for + (product_values[0] if n else 0)
     if end > max(backward_peak, fheld[fpeak] + ftransient[fpeak] + forward_products):
         return 0, 0, end
     if fheld[fpeak] + ftransient[fpeak] + forward_products > backward_peak:

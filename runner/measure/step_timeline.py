@@ -58,6 +58,11 @@ class Executor:
     waits_for: int = 0
 
 
+def _gradient_bytes(op) -> int:
+    """Bytes of a layer's float32 weight gradients (of its trainable weights)."""
+    return sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
+
+
 def slot_products(ops, n: int, executor: Executor) -> tuple[Timeline, int]:
     """The slot products (Executor.slot_products) alive at each moment of the backward pass,
     and all of them (alive through the forward pass)."""
@@ -65,7 +70,7 @@ def slot_products(ops, n: int, executor: Executor) -> tuple[Timeline, int]:
     if not executor.slot_products:
         return timeline, total
     for i, op, _, _ in ops:
-        nbytes = sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
+        nbytes = _gradient_bytes(op)
         timeline.add(i if executor.slot_products == "as_they_come" else 0, n - 1, nbytes)
         total += nbytes
     return timeline, total
@@ -78,13 +83,12 @@ def in_flight(ops, n: int, executor: Executor) -> Timeline:
     timeline = Timeline(n)
     if executor.waits_for:  # each held from its backward until the step ends
         for i, op, _, _ in ops:
-            nbytes = sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
-            timeline.add(0, i, nbytes)
+            timeline.add(0, i, _gradient_bytes(op))
         return timeline
     if not executor.slots:
         return timeline
     born = [
-        (i, sum(math.prod(v.shape) for v in op.trainable_weights) * 4)
+        (i, _gradient_bytes(op))
         for i, op, _, _ in reversed(ops)
         if getattr(op, "trainable_weights", None)
     ]
