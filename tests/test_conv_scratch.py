@@ -59,6 +59,7 @@ out["update"] = accumulating_peaks(mlp, x, y, adam, pick=max, calls_each=6)[1]
 kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), step_timeline.Executor(1, 1))
 out["micro_rule"] = kept + work + grads
 out["update_rule"] = steps.update_call_bytes(mlp.trainable_variables, adam, 2)
+out["update_one"] = steps.update_call_bytes(mlp.trainable_variables, adam, 1)
 print("RESULT " + json.dumps(out))
 """
 
@@ -84,9 +85,11 @@ def test_the_executor_rules_hold_the_measured_step():
     # all), not all of them (34 MiB) nor their update's buffers. Beside the other xdist worker
     # a fresh-clone CI run read 25.8 MiB (1.53x): the executor computed the next gradient
     # before the previous one's add had run. The rule is the least the step holds, so the
-    # bound is 1.6. The update's call: two updates' buffers at most (96 MiB), a bound as the
-    # accum=1 step's, held against the most of 6 calls: 0.667 in three runs beside two busy
-    # processes (one update and a third of another), 72-96 MiB on a stack of four such
-    # kernels. Single calls read down to 0.35 beside the suite's other worker (CI at aaad562).
+    # bound is 1.6. The update's call: as many updates at once as the executor chooses, one
+    # or two (the rule the estimate uses, 96 MiB, is two: a bound as the accum=1 step's). Held
+    # against the most of 6 calls: 0.667 of two in three runs beside two busy processes (one
+    # update and a third of another); CI's serial stage at c1b3717 read one update exactly
+    # (48.0 MiB, 1.000x one, 0.500x two). So the call lies between one update's buffers and
+    # two's; counting the gradients alone (32 MiB for two) would fail the upper bound.
     assert 0.85 <= r["micro"] / r["micro_rule"] <= 1.6, r
-    assert 0.6 <= r["update"] / r["update_rule"] <= 1.05, r
+    assert 0.95 * r["update_one"] <= r["update"] <= 1.05 * r["update_rule"], r
