@@ -63,13 +63,24 @@ def _gradient_bytes(op) -> int:
     return sum(math.prod(v.shape) for v in getattr(op, "trainable_weights", [])) * 4
 
 
+def _first_calls(ops) -> list:
+    """(index, layer) of each layer's first call: a layer called twice (shared weights) has one
+    gradient, complete at its first call's backward, the last of its calls' to run."""
+    seen, first = set(), []
+    for i, op, _, _ in ops:
+        if id(op) not in seen:
+            seen.add(id(op))
+            first.append((i, op))
+    return first
+
+
 def slot_products(ops, n: int, executor: Executor) -> tuple[Timeline, int]:
     """The slot products (Executor.slot_products) alive at each moment of the backward pass,
     and all of them (alive through the forward pass)."""
     timeline, total = Timeline(n), 0
     if not executor.slot_products:
         return timeline, total
-    for i, op, _, _ in ops:
+    for i, op in _first_calls(ops):
         nbytes = _gradient_bytes(op)
         timeline.add(i if executor.slot_products == "as_they_come" else 0, n - 1, nbytes)
         total += nbytes
@@ -81,17 +92,20 @@ def in_flight(ops, n: int, executor: Executor) -> Timeline:
     temporaries until `slots` later weight gradients have been born (the update then done);
     the last `slots` are still updating when the backward ends (position 0)."""
     timeline = Timeline(n)
+    if not executor.waits_for and not executor.slots:
+        return timeline
+    first = _first_calls(ops)
+    # A shared layer's later calls: each call's share of its gradient, held from that call's
+    # backward until its first call's, where TensorFlow adds them into the gradient.
+    starts = {id(op): i for i, op in first}
+    for i, op, _, _ in ops:
+        if starts[id(op)] != i:
+            timeline.add(starts[id(op)], i, _gradient_bytes(op))
     if executor.waits_for:  # each held from its backward until the step ends
-        for i, op, _, _ in ops:
+        for i, op in first:
             timeline.add(0, i, _gradient_bytes(op))
         return timeline
-    if not executor.slots:
-        return timeline
-    born = [
-        (i, _gradient_bytes(op))
-        for i, op, _, _ in reversed(ops)
-        if getattr(op, "trainable_weights", None)
-    ]
+    born = [(i, _gradient_bytes(op)) for i, op in reversed(first) if _gradient_bytes(op)]
     for k, (i, nbytes) in enumerate(born):
         later = k + executor.slots
         done = born[later][0] + 1 if later < len(born) else 0
