@@ -57,6 +57,17 @@ LOSS_GRADIENTS = 3  # sbh float32 beside the logits and their gradient
 # when the gradients were counted on top of the core).
 SCORE_GRADIENTS = 1.14
 MLP_KEPT = 9 + EXTRA_PER_LAYER
+# At micro-batch 1 XLA drops the batch dimension, and the CPU backend's two backward dots that
+# contract over the queries (dV = P^T dO, dK = dS^T Q) read transposed float32 copies of P and
+# of the scores' gradient (a `transpose` + `copy` fusion each, dimensions {0,1,3,2}), made
+# beside the tensors they copy, which the other dots still read; at micro-batch 2 and more the
+# dots read them in place. So the attention's backward holds one float32 as^2b more at batch 1.
+# Read off the plans of one layer, 9 heads, 247 tokens, h=63, `every` (and seed 672810's draw
+# 14: 16 heads, 155 tokens, accum 2): under bfloat16 with dropout two float32 and two bfloat16
+# as^2b buffers at the peak (one float32 at batch 2 and 4; measured/estimate 1.29-1.32 without
+# the copy); under the other policies the copies leave holes in XLA's heap instead (0.5-1.5
+# as^2b float32 above the live peak: float32 without dropout takes four as^2b slots for two).
+TRANSPOSED_COPY = 4
 
 
 # Bytes per element of the attention's as^2b that a layer keeps, (without dropout, with it),
@@ -168,6 +179,8 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
         if block
         else score_moment(ass, m.dropout, core) - MLP_KEPT * sbh * p
     )
+    if block is None and b == 1:  # the transposed copies (TRANSPOSED_COPY)
+        attention += TRANSPOSED_COPY * ass
     in_mlp = LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4
     if block and rebuilt:  # a rebuilt chunked core's backward starts before its MLP's ends
         in_mlp += chunked.rebuilt_operands(s, b, m.h, p)
