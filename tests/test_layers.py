@@ -11,8 +11,9 @@ import tensorflow as tf
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
+from models.common import Sublayer
 from models.transformer import TransformerBlock
-from runner.measure import flops, layers, profile, roofline
+from runner.measure import flops, layers, profile, profile_rows, roofline
 from runner.report import layer_report
 from runner.train import run
 from tests.conftest import run_cli
@@ -25,11 +26,11 @@ def _row(layer, *shapes, kind=None) -> dict:
     """The profile's static columns of `layer` called on float32 inputs of `shapes`."""
     inputs = [tf.random.normal(s) for s in shapes]
     output = layer(inputs if len(inputs) > 1 else inputs[0], training=True)
-    flops = layers._kernel_flops(layer, output.shape.num_elements(), output.shape[-1])
-    sub = layers.Sublayer(
+    flops = layers.kernel_flops(layer, output.shape.num_elements(), output.shape[-1])
+    sub = Sublayer(
         "probe", kind or layers.kind(layer), layer, ("x",), "y", layer.trainable_variables, flops
     )
-    return layers.describe(sub, inputs, output, kept=True)
+    return profile_rows.describe(sub, inputs, output, kept=True)
 
 
 def _lowest_ridge() -> tuple[float, str]:
@@ -105,7 +106,7 @@ def test_kernel_flops_add_up_to_the_models_macs():
     model = keras.applications.MobileNetV2(
         input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10
     )
-    rows = layers.model_rows(model, 2, None)
+    rows = profile_rows.model_rows(model, 2, None)
     kernel_rows = [r for r in rows if r.kind in ("Conv2D", "DepthwiseConv2D", "Dense")]
     assert len(kernel_rows) == 35 + 17 + 1
     counted = sum(r.flops for r in kernel_rows)
@@ -126,10 +127,10 @@ def test_backward_keeps_conv_and_relu_outputs_not_batchnorms():
     y = keras.layers.ReLU(name="relu")(y)  # read by the Add only: kept for its own gradient
     z = keras.layers.Add(name="add")([y, keras.layers.Conv2D(4, 1, name="proj")(x)])
     model = keras.Model(x, keras.layers.Dense(2, name="head")(keras.layers.Flatten()(z)))
-    rows = layers.model_rows(model, 1, None)
-    assert layers.kept_outputs(rows) == {"conv", "relu", "flatten"}
+    rows = profile_rows.model_rows(model, 1, None)
+    assert profile_rows.kept_outputs(rows) == {"conv", "relu", "flatten"}
     # Under a 16-bit policy BatchNorm reads its own float32 copy, not the convolution's output.
-    assert layers.kept_outputs(rows, half=True) == {"relu", "flatten"}
+    assert profile_rows.kept_outputs(rows, half=True) == {"relu", "flatten"}
 
 
 def _profiled(tiny_cfg, model, *extra):

@@ -31,73 +31,24 @@ inside it exist only while its own backward runs (it is recomputed then).
 TensorFlow computes only the gradients a trainable weight needs: an operation no weight went
 into (a frozen backbone's, a Rescaling of the input) runs no backward and keeps nothing for
 one, and computes as in inference (IN_PLACE); a backbone nested as one layer of the model is
-walked as its own operations, and a layer called twice (a siamese pair's shared weights) at
-each call (_graph; its gradient counted once, step_timeline).
+walked as its own operations, a layer called twice (a siamese pair's shared weights) at each
+call (its gradient counted once, step_timeline), and a layer's own activation as an Activation
+layer after it (runner/measure/model_graph.py).
 
 Counting every kept tensor at once beside the largest single workspace, as the estimate did
 before, overstated models whose largest workspace comes early, when the backward has freed
 most of what the later layers kept (DenseNet121 under checkpointing=blocks).
 """
 
-import itertools
 import math
 
-import keras
-
-from models.common import is_graph
-from runner.measure import conv_scratch, layers
+from runner.measure import conv_scratch, layers, model_graph
 from runner.measure.step_timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
 
 # Elementwise in inference (a frozen BatchNormalization is x * inv + offset): their kernels
 # write their output over an input no other operation reads (walk_step's forward).
 IN_PLACE = {"BatchNormalization", "ReLU", "Activation:relu", "Activation:relu6", "Add", "Rescaling"}
-
-
-def _calls(graph) -> list:
-    """A graph's calls of its operations (its nodes) in the order TensorFlow runs them: by
-    depth from the inputs, a shared layer once for each call (graph.operations lists it once,
-    at its first), a node of a layer called outside the graph left out."""
-    position = {id(op): k for k, op in enumerate(graph.operations)}
-    rows = [(depth, node) for depth, row in graph._nodes_by_depth.items() for node in row]
-    rows.sort(key=lambda row: (-row[0], position[id(row[1].operation)]))
-    return [node for _, node in rows if not node.is_input]
-
-
-def _graph(model):
-    """(ops, consumers of each tensor, elements per example of each tensor) in the order they
-    run; an op is (index, layer, input tensor names, output tensor names), a layer called
-    twice (shared weights, a siamese pair) two ops. A nested functional model (a backbone
-    called on the model's input) is its own operations in its place at each call, its inputs
-    and outputs the tensors of that call: what TensorFlow runs."""
-    ops, consumers, elements = [], {}, {}
-    scopes = itertools.count()
-
-    def visit(graph, bound: dict) -> list:
-        """Walks one call of `graph`, whose inputs are `bound` (id -> name); its outputs' names."""
-        scope = next(scopes)
-
-        def name(t):
-            return bound.get(id(t), (scope, id(t)))
-
-        for node in _calls(graph):
-            op = node.operation
-            ins = [name(t) for t in node.arguments.keras_tensors]
-            outs = keras.tree.flatten(node.outputs)
-            if is_graph(op):
-                inner = dict(zip(map(id, keras.tree.flatten(op.inputs)), ins, strict=True))
-                results = visit(op, inner)
-                bound.update(zip(map(id, outs), results, strict=True))
-                continue
-            for t in [*node.arguments.keras_tensors, *outs]:
-                elements[name(t)] = math.prod(t.shape[1:])
-            for t in ins:
-                consumers.setdefault(t, []).append(len(ops))
-            ops.append((len(ops), op, ins, [name(t) for t in outs]))
-        return [name(t) for t in keras.tree.flatten(graph.outputs)]
-
-    visit(model, {})
-    return ops, consumers, elements
 
 
 def _kernel_elements(op) -> int:
@@ -152,7 +103,7 @@ def walk_step(
     kept, workspace, gradients and their updates' temporaries) at the peak, the backward's or,
     where it holds more, the forward's (no gradient exists there yet). A training step
     differentiates its weights only; input_gradient: the model's inputs too."""
-    ops, consumers, elements = _graph(model)
+    ops, consumers, elements = model_graph.operations(model)
     n = len(ops)
     half = p < 4
     keepers = layers.KEEPS_INPUT - layers.NORMS if half else layers.KEEPS_INPUT

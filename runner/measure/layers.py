@@ -1,7 +1,6 @@
-"""The model as rows of the per-layer profile (issue 14): one row per Keras layer, or per
-sublayer of a layer that describes itself (the transformer block's `sublayers`), each with
-its output shape, parameters, forward FLOPs, bytes read and written, and the activation
-bytes it leaves for the backward pass.
+"""The rules of a layer, by its kind: its forward FLOPs, what its backward keeps, and what its
+backward holds while it runs. The estimate's walk (runner/measure/backward.py) and the per-layer
+profile's rows (runner/measure/profile_rows.py) read them.
 
 What a layer leaves for backward follows TensorFlow's gradient functions (graph mode, no
 XLA): a layer's output is kept when its own gradient reads its output (ReLU's and softmax's
@@ -14,12 +13,8 @@ outputs in all).
 """
 
 import math
-from collections.abc import Callable
 
 import keras
-import tensorflow as tf
-
-from models.common import Sublayer
 
 # Gradients that read the layer's input, or its output (the rest read neither).
 KEEPS_INPUT = {
@@ -49,6 +44,12 @@ NORMS = {"BatchNormalization", "LayerNormalization"}
 # Measured, a chain of Activation("hard_swish") on 8x16x16x64: 12.0 bytes per element in
 # float32, 6.0 in float16, 5.5 in bfloat16 (3, 3 and 2.75 tensors; the old rule kept x only).
 OWN_KEPT = {"Activation:gelu": 3, "Activation:hard_silu": 2, "Activation:hard_swish": 2}
+# Elementwise activations whose gradient is one binary kernel (ReluGrad, Relu6Grad, SigmoidGrad,
+# TanhGrad) that writes the input gradient over the output gradient it reads, when nothing else
+# reads that (TensorFlow's forward_input_or_allocate_output): their backward takes no buffer.
+GRADIENT_IN_PLACE = {
+    "ReLU", "Activation:relu", "Activation:relu6", "Activation:sigmoid", "Activation:tanh",
+}  # fmt: skip
 # Float32 tensors of its input's size a norm's backward computes beside its output gradient:
 # Keras's BatchNormalization and LayerNormalization are composite ops (moments, then
 # x * inv + res), whose gradients broadcast the mean's and the variance's gradients back
@@ -84,7 +85,7 @@ def kind(op) -> str:
     return name
 
 
-def _element_flops(kind_name: str, n_inputs: int, in_elements: int, out_elements: int) -> float:
+def element_flops(kind_name: str, n_inputs: int, in_elements: int, out_elements: int) -> float:
     if kind_name in NO_ARITHMETIC:
         return 0.0
     if kind_name in ("Add", "Multiply", "Subtract", "Average", "Maximum"):
@@ -95,7 +96,7 @@ def _element_flops(kind_name: str, n_inputs: int, in_elements: int, out_elements
     return float(FLOPS_PER_ELEMENT.get(kind_name, 1) * out_elements)
 
 
-def _kernel_flops(op, out_elements: int, out_channels: int) -> float | None:
+def kernel_flops(op, out_elements: int, out_channels: int) -> float | None:
     """2 x MACs (+ bias) of a layer with a kernel: the whole kernel is applied once per output
     position (output elements / output channels), as flops.kernel_macs counts it: Conv2D
     kh*kw*cin*cout, DepthwiseConv2D kh*kw*cin*multiplier, Dense in*out MACs per position."""
@@ -110,77 +111,12 @@ def layer_flops(op) -> float:
     """Forward FLOPs of one example through a functional model's layer, by the rules above."""
     out_shape = op.output.shape
     out_elements = math.prod(out_shape[1:])
-    flops = _kernel_flops(op, out_elements, out_shape[-1])
+    flops = kernel_flops(op, out_elements, out_shape[-1])
     if flops is not None:
         return flops
     inputs = op._inbound_nodes[0].input_tensors
     in_elements = sum(math.prod(t.shape[1:]) for t in inputs)
-    return _element_flops(kind(op), len(inputs), in_elements, out_elements)
-
-
-def _call_node(op, node) -> Callable:
-    """op's call on its functional node, with concrete tensors in place of the Keras ones."""
-    keras_tensors = node.arguments.keras_tensors
-    training = {"training": True} if getattr(op, "_call_has_training_arg", False) else {}
-
-    def call(*tensors):
-        args, kwargs = node.arguments.fill_in(
-            {id(k): t for k, t in zip(keras_tensors, tensors, strict=True)}
-        )
-        return op(*args, **{**kwargs, **training})  # a recorded training=None is overridden
-
-    return call
-
-
-def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer]:
-    """The model's operations in order as Sublayers (input tensors named by id), with layers
-    that describe themselves (a `sublayers` method) expanded, and the loss as the last row."""
-    rows = []
-    for op in model.operations:
-        if isinstance(op, keras.layers.InputLayer):
-            continue
-        node = op._inbound_nodes[0]
-        inputs = tuple(f"t{id(k)}" for k in node.arguments.keras_tensors)
-        output = f"t{id(node.outputs[0])}"
-        if hasattr(op, "sublayers"):
-            rows += op.sublayers(inputs[0], output, batch, seq)
-            continue
-        out_shape = node.outputs[0].shape
-        out_elements = batch * math.prod(out_shape[1:])
-        rows.append(
-            Sublayer(
-                op.name,
-                kind(op),
-                _call_node(op, node),
-                inputs,
-                output,
-                getattr(op, "trainable_variables", []),
-                _kernel_flops(op, out_elements, out_shape[-1]),
-            )  # fmt: skip
-        )
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    logits = f"t{id(model.outputs[0])}"
-    rows.append(Sublayer("loss", "loss", lambda z, y: loss_fn(y, z), (logits, "targets"), "", []))
-    return rows
-
-
-def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
-    """Names of the rows whose output the backward pass keeps (see the module docstring).
-
-    half: a 16-bit policy, under which Keras's BatchNormalization and LayerNormalization
-    compute in float32 on a copy of their input: they keep that copy (describe counts it),
-    not their 16-bit input.
-    """
-    readers_keep = KEEPS_INPUT - NORMS if half else KEEPS_INPUT
-    readers = {}
-    for row in rows:
-        for name in row.inputs:
-            readers.setdefault(name, []).append(row.kind)
-    return {
-        row.name
-        for row in rows
-        if row.kind in KEEPS_OUTPUT or any(k in readers_keep for k in readers.get(row.output, []))
-    }
+    return element_flops(kind(op), len(inputs), in_elements, out_elements)
 
 
 def own_kept_bytes(
@@ -251,6 +187,8 @@ def workspace_bytes(
     broadcast of the output gradient over the input's shape, cast back to 16 bits beside it."""
     if kind_name in NORMS:
         nbytes = out * width + NORM_TEMPORARIES * inputs[0] * 4
+    elif kind_name in GRADIENT_IN_PLACE:
+        nbytes = out * width
     elif kind_name == "UpSampling2D" and getattr(op, "interpolation", "") == "nearest":
         nbytes = (out + out // op.size[1]) * width
     elif kind_name == "Add":
@@ -260,40 +198,3 @@ def workspace_bytes(
     else:
         nbytes = (out + sum(inputs)) * width
     return nbytes + grouped_conv_bytes(op, xla)
-
-
-def _nbytes(t) -> int:
-    return t.shape.num_elements() * t.dtype.size
-
-
-def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
-    """A row's static columns from its concrete input and output tensors."""
-    out_elements = output.shape.num_elements()
-    in_elements = sum(t.shape.num_elements() for t in inputs)
-    flops, extra = row.flops, row.extra_kept
-    if row.kind == "loss":
-        # Per logit: softmax and cross-entropy; the loss keeps the float32 gradient it
-        # computes with the loss (softmax - one-hot), not the logits (measured: 1.00x).
-        logits = inputs[0].shape.num_elements()
-        flops, extra = FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
-    if flops is None:
-        flops = _element_flops(row.kind, len(inputs), in_elements, out_elements)
-    half = inputs[0].dtype in (tf.float16, tf.bfloat16)
-    scaled = any(v.name == "gamma" for v in row.variables)
-    extra += own_kept_bytes(row.kind, out_elements, in_elements, output.dtype.size, half, scaled)
-    if row.kind == "Dropout":
-        extra += out_elements  # its boolean keep-mask (tf.nn's dropout selects with it)
-    weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)
-    written = _nbytes(output)
-    read = sum(_nbytes(t) for t in inputs) + weights
-    return {
-        "name": row.name,
-        "type": row.kind,
-        "output_shape": "x".join(str(d) for d in output.shape),
-        "params": sum(math.prod(v.shape) for v in row.variables),
-        "activation_bytes": (written if kept else 0) + extra,
-        "forward_flops": float(flops),
-        "bytes_read": read,
-        "bytes_written": written,
-        "intensity": float(flops) / (read + written) if read + written else 0.0,
-    }

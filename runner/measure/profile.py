@@ -2,10 +2,10 @@
 
 After the run's timed steps (its own figures are already taken), the job is profiled:
 1. its train step, compiled without XLA, is timed over `profile.steps` steps;
-2. each row of runner/measure/layers.py (a Keras layer, or a transformer sublayer, and the loss) is
-   timed forward+backward *in isolation*, on the inputs it receives from a real batch, each
-   in its own tf.function without XLA: without XLA each layer is its own set of kernels,
-   and a time per layer is measured rather than modelled. (The alternative, TensorFlow's
+2. each row of runner/measure/profile_rows.py (a Keras layer, or a transformer sublayer, and
+   the loss) is timed forward+backward *in isolation*, on the inputs it receives from a real
+   batch, each in its own tf.function without XLA: without XLA each layer is its own set of
+   kernels, and a time per layer is measured rather than modelled. (The alternative, TensorFlow's
    profiler trace attributed by op name, needs the trace's op names to map back onto layers,
    which XLA's fusion and grappler's rewriting blur.) The check: the per-layer times of a
    step (x accum) must add up to 0.7-1.3x the step time of (1); the optimizer's update and
@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from runner.core.machine import cache_dir
-from runner.measure import layers, roofline
+from runner.measure import profile_rows, roofline
 from runner.techniques.accumulation import make_train_step
 
 TIMING = "isolation: each layer forward+backward in its own tf.function, no XLA, real inputs"
@@ -71,16 +71,16 @@ def _time_row(row, inputs: list, output, repeats: int) -> float:
 def _run_rows(model, batch, seq, x, y, repeats: int) -> list[dict]:
     """Each row run once on the real batch (its output feeds the rows after it), described,
     and timed; each tensor is dropped after its last reader."""
-    rows = layers.model_rows(model, batch, seq)
+    rows = profile_rows.model_rows(model, batch, seq)
     half = keras.mixed_precision.global_policy().compute_dtype != "float32"
-    kept = layers.kept_outputs(rows, half)
+    kept = profile_rows.kept_outputs(rows, half)
     last_read = {name: i for i, row in enumerate(rows) for name in row.inputs}
     env = {f"t{id(model.inputs[0])}": x, "targets": y}
     table = []
     for i, row in enumerate(rows):
         inputs = [env[name] for name in row.inputs]
         output = tf.convert_to_tensor(row.fn(*inputs))
-        described = layers.describe(row, inputs, output, row.name in kept)
+        described = profile_rows.describe(row, inputs, output, row.name in kept)
         described["time_s"] = _time_row(row, inputs, output, repeats)
         table.append(described)
         env[row.output] = output

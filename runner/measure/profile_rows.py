@@ -1,0 +1,119 @@
+"""The per-layer profile's rows (issue 14, runner/measure/profile.py): the model as Sublayers,
+one per Keras layer, or per sublayer of a layer that describes itself (the transformer block's
+`sublayers`), and the loss; which rows' outputs the backward pass keeps; and each row's static
+columns (output shape, parameters, forward FLOPs, bytes read and written, activation bytes),
+by runner/measure/layers.py's rules.
+"""
+
+import math
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from models.common import Sublayer
+from runner.measure import layers
+
+
+def _call_node(op, node) -> Callable:
+    """op's call on its functional node, with concrete tensors in place of the Keras ones."""
+    keras_tensors = node.arguments.keras_tensors
+    training = {"training": True} if getattr(op, "_call_has_training_arg", False) else {}
+
+    def call(*tensors):
+        args, kwargs = node.arguments.fill_in(
+            {id(k): t for k, t in zip(keras_tensors, tensors, strict=True)}
+        )
+        return op(*args, **{**kwargs, **training})  # a recorded training=None is overridden
+
+    return call
+
+
+def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer]:
+    """The model's operations in order as Sublayers (input tensors named by id), with layers
+    that describe themselves (a `sublayers` method) expanded, and the loss as the last row."""
+    rows = []
+    for op in model.operations:
+        if isinstance(op, keras.layers.InputLayer):
+            continue
+        node = op._inbound_nodes[0]
+        inputs = tuple(f"t{id(k)}" for k in node.arguments.keras_tensors)
+        output = f"t{id(node.outputs[0])}"
+        if hasattr(op, "sublayers"):
+            rows += op.sublayers(inputs[0], output, batch, seq)
+            continue
+        out_shape = node.outputs[0].shape
+        out_elements = batch * math.prod(out_shape[1:])
+        rows.append(
+            Sublayer(
+                op.name,
+                layers.kind(op),
+                _call_node(op, node),
+                inputs,
+                output,
+                getattr(op, "trainable_variables", []),
+                layers.kernel_flops(op, out_elements, out_shape[-1]),
+            )  # fmt: skip
+        )
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    logits = f"t{id(model.outputs[0])}"
+    rows.append(Sublayer("loss", "loss", lambda z, y: loss_fn(y, z), (logits, "targets"), "", []))
+    return rows
+
+
+def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
+    """Names of the rows whose output the backward pass keeps (see the module docstring).
+
+    half: a 16-bit policy, under which Keras's BatchNormalization and LayerNormalization
+    compute in float32 on a copy of their input: they keep that copy (describe counts it),
+    not their 16-bit input.
+    """
+    readers_keep = layers.KEEPS_INPUT - layers.NORMS if half else layers.KEEPS_INPUT
+    readers = {}
+    for row in rows:
+        for name in row.inputs:
+            readers.setdefault(name, []).append(row.kind)
+    return {
+        row.name
+        for row in rows
+        if row.kind in layers.KEEPS_OUTPUT
+        or any(k in readers_keep for k in readers.get(row.output, []))
+    }
+
+
+def _nbytes(t) -> int:
+    return t.shape.num_elements() * t.dtype.size
+
+
+def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
+    """A row's static columns from its concrete input and output tensors."""
+    out_elements = output.shape.num_elements()
+    in_elements = sum(t.shape.num_elements() for t in inputs)
+    flops, extra = row.flops, row.extra_kept
+    if row.kind == "loss":
+        # Per logit: softmax and cross-entropy; the loss keeps the float32 gradient it
+        # computes with the loss (softmax - one-hot), not the logits (measured: 1.00x).
+        logits = inputs[0].shape.num_elements()
+        flops, extra = layers.FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
+    if flops is None:
+        flops = layers.element_flops(row.kind, len(inputs), in_elements, out_elements)
+    half = inputs[0].dtype in (tf.float16, tf.bfloat16)
+    scaled = any(v.name == "gamma" for v in row.variables)
+    width = output.dtype.size
+    extra += layers.own_kept_bytes(row.kind, out_elements, in_elements, width, half, scaled)
+    if row.kind == "Dropout":
+        extra += out_elements  # its boolean keep-mask (tf.nn's dropout selects with it)
+    weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)
+    written = _nbytes(output)
+    read = sum(_nbytes(t) for t in inputs) + weights
+    return {
+        "name": row.name,
+        "type": row.kind,
+        "output_shape": "x".join(str(d) for d in output.shape),
+        "params": sum(math.prod(v.shape) for v in row.variables),
+        "activation_bytes": (written if kept else 0) + extra,
+        "forward_flops": float(flops),
+        "bytes_read": read,
+        "bytes_written": written,
+        "intensity": float(flops) / (read + written) if read + written else 0.0,
+    }
