@@ -66,7 +66,9 @@ class Sublayer(NamedTuple):
     fn(*inputs) -> output in training mode; inputs and output are names in the caller's
     dataflow. kind names the rules runner/measure/layers.py applies (FLOPs per element, what the
     backward pass keeps). flops: forward FLOPs at the given batch when the kind's rule cannot
-    count them; extra_kept: bytes kept for backward beyond the output (a float32 copy, a mask).
+    count them; extra_kept: bytes kept for backward beyond the output (a float32 copy, a mask);
+    activation: the kind of the layer's own activation (Conv2D(..., activation="relu"):
+    "Activation:relu"), "" for none.
     """
 
     name: str
@@ -77,6 +79,7 @@ class Sublayer(NamedTuple):
     variables: list
     flops: float | None = None
     extra_kept: int = 0
+    activation: str = ""
 
 
 def is_graph(model) -> bool:

@@ -104,7 +104,7 @@ def test_kernel_flops_add_up_to_the_models_macs():
     # Every Conv2D, DepthwiseConv2D and Dense row: 2 x MACs (+ one bias add per output), the
     # MACs summed as the run's FLOPs estimate counts them from the layers' kernels.
     model = keras.applications.MobileNetV2(
-        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10
+        input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10, classifier_activation=None
     )
     rows = profile_rows.model_rows(model, 2, None)
     kernel_rows = [r for r in rows if r.kind in ("Conv2D", "DepthwiseConv2D", "Dense")]
@@ -131,6 +131,34 @@ def test_backward_keeps_conv_and_relu_outputs_not_batchnorms():
     assert profile_rows.kept_outputs(rows) == {"conv", "relu", "flatten"}
     # Under a 16-bit policy BatchNorm reads its own float32 copy, not the convolution's output.
     assert profile_rows.kept_outputs(rows, half=True) == {"relu", "flatten"}
+
+
+def test_a_users_nested_backbone_shared_layers_and_own_activations_are_rows():
+    # A backbone nested as one layer, called on two views (a siamese pair), with a
+    # convolution's own ReLU and a Dense layer's own swish: each call of each of its layers is
+    # a row, its own activation counted. Read as model.operations, the backbone was one row
+    # ("backbone", 1 FLOP an output element), the ReLU's output not kept, swish's input left out.
+    L = keras.layers
+    inner = keras.Input((8, 8, 3))
+    conv = L.Conv2D(4, 3, padding="same", activation="relu", name="conv")(inner)
+    backbone = keras.Model(inner, L.GlobalAveragePooling2D(name="pool")(conv), name="backbone")
+    x = keras.Input((8, 8, 3))
+    views = [backbone(x), backbone(L.Rescaling(0.5, name="half")(x))]
+    head = L.Dense(5, activation="swish", name="head")(L.Add(name="add")(views))
+    model = keras.Model(x, L.Dense(2, name="out")(head))
+    rows = profile_rows.model_rows(model, 3, None)
+    assert sorted(r.name for r in rows) == sorted(
+        ["conv", "pool", "half", "conv@2", "pool@2", "add", "head", "out", "loss"]
+    )
+    # 2 x 3x3x3x4 MACs, a bias and a ReLU per output element, 3 x 8x8x4 of them.
+    conv_flops = 2 * 3 * 3 * 3 * 4 * 3 * 8 * 8 + 2 * 3 * 8 * 8 * 4
+    assert [r.flops for r in rows if r.name.startswith("conv")] == [conv_flops] * 2
+    assert profile_rows.kept_outputs(rows) >= {"conv", "conv@2", "head"}
+    table = profile._run_rows(model, 3, None, tf.ones((3, 8, 8, 3)), tf.zeros((3,), tf.int32), 1)
+    by_name = {r["name"]: r for r in table}
+    # Dense(5, activation="swish") at batch 3: its output, which "out" reads, and swish's input.
+    assert by_name["head"]["activation_bytes"] == 2 * 3 * 5 * 4
+    assert by_name["conv@2"]["activation_bytes"] == 3 * 8 * 8 * 4 * 4
 
 
 def _profiled(tiny_cfg, model, *extra):

@@ -30,20 +30,14 @@ def _calls(graph) -> list:
     return [node for _, node in rows if not node.is_input]
 
 
-def operations(model):
-    """(ops, consumers of each tensor, elements per example of each tensor) in the order they
-    run; an op is (index, layer, input tensor names, output tensor names), a layer called
-    twice (shared weights, a siamese pair) two ops, a layer with its own activation two (the
-    layer, then an Activation layer on what it computed). A nested functional model (a backbone
-    called on the model's input) is its own operations in its place at each call, its inputs
-    and outputs the tensors of that call: what TensorFlow runs."""
-    ops, consumers, elements, made = [], {}, {}, {}
-    scopes = itertools.count()
-
-    def add(op, ins: list, outs: list) -> None:
-        for t in ins:
-            consumers.setdefault(t, []).append(len(ops))
-        ops.append((len(ops), op, ins, outs))
+def calls(model) -> tuple[list, list]:
+    """(each call TensorFlow runs of a layer of `model`, in order, as (node, layer, input tensor
+    names, output tensor names); the names of the model's outputs). A layer called twice (shared
+    weights, a siamese pair) is two calls; a nested functional model (a backbone called on the
+    model's input) is its own calls in its place at each call, its inputs and outputs the
+    tensors of that call. A name is (scope, id of the Keras tensor), a scope per call of a
+    graph."""
+    found, scopes = [], itertools.count()
 
     def visit(graph, bound: dict) -> list:
         """Walks one call of `graph`, whose inputs are `bound` (id -> name); its outputs' names."""
@@ -61,33 +55,56 @@ def operations(model):
                 results = visit(op, inner)
                 bound.update(zip(map(id, outs), results, strict=True))
                 continue
-            names = [name(t) for t in outs]
-            tensors = [*node.arguments.keras_tensors, *outs]
-            for t, key in zip(tensors, [*ins, *names], strict=True):
-                elements[key] = math.prod(t.shape[1:])
-            activation = _activation(op, made)
-            if activation is not None:  # the layer, then its activation on what it computed
-                elements[(scope, id(node))] = elements[names[0]]
-                add(op, ins, [(scope, id(node))])
-                op, ins = activation, [(scope, id(node))]
-            add(op, ins, names)
+            found.append((node, op, ins, [name(t) for t in outs]))
         return [name(t) for t in keras.tree.flatten(graph.outputs)]
 
-    visit(model, {})
+    outputs = visit(model, {})
+    return found, outputs
+
+
+def operations(model):
+    """(ops, consumers of each tensor, elements per example of each tensor) in the order they
+    run (calls); an op is (index, layer, input tensor names, output tensor names), a layer with
+    its own activation two (the layer, then an Activation layer on what it computed)."""
+    ops, consumers, elements, made = [], {}, {}, {}
+
+    def add(op, ins: list, outs: list) -> None:
+        for t in ins:
+            consumers.setdefault(t, []).append(len(ops))
+        ops.append((len(ops), op, ins, outs))
+
+    for node, op, ins, outs in calls(model)[0]:
+        tensors = [*node.arguments.keras_tensors, *keras.tree.flatten(node.outputs)]
+        for t, key in zip(tensors, [*ins, *outs], strict=True):
+            elements[key] = math.prod(t.shape[1:])
+        activation = _activation(op, made)
+        if activation is not None:  # the layer, then its activation on what it computed
+            computed = ("computed", outs[0])
+            elements[computed] = elements[outs[0]]
+            add(op, ins, [computed])
+            op, ins = activation, [computed]
+        add(op, ins, outs)
     return ops, consumers, elements
 
 
-def _activation(op, made: dict):
-    """An Activation layer standing for the own activation of a layer with a kernel (a
-    convolution's, a Dense layer's), which it applies to the output it computed: its gradient
-    keeps what the Activation layer's does (a ReLU's output, swish's input). None for a layer
-    without one (linear), made once for each layer."""
+def own_activation(op) -> str:
+    """The rules' name of the own activation of a layer with a kernel (a convolution's, a Dense
+    layer's), Activation:<function> as layers.kind names an Activation layer's; "" for a layer
+    without one (linear)."""
     function = getattr(op, "activation", None)
     kernels = (getattr(op, k, None) for k in ("kernel", "depthwise_kernel", "pointwise_kernel"))
     if function is None or all(k is None for k in kernels):
-        return None
-    if getattr(function, "__name__", "") == "linear":
+        return ""
+    name = getattr(function, "__name__", "unknown")
+    return "" if name == "linear" else f"Activation:{name}"
+
+
+def _activation(op, made: dict):
+    """An Activation layer standing for a layer's own activation (own_activation), which it
+    applies to the output it computed: its gradient keeps what the Activation layer's does (a
+    ReLU's output, swish's input). None for a layer without one, made once for each layer."""
+    if not own_activation(op):
         return None
     if id(op) not in made:
-        made[id(op)] = keras.layers.Activation(function, dtype=op.dtype_policy, name=op.name)
+        made[id(op)] = keras.layers.Activation(op.activation, dtype=op.dtype_policy, name=op.name)
     return made[id(op)]

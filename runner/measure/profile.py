@@ -75,7 +75,7 @@ def _run_rows(model, batch, seq, x, y, repeats: int) -> list[dict]:
     half = keras.mixed_precision.global_policy().compute_dtype != "float32"
     kept = profile_rows.kept_outputs(rows, half)
     last_read = {name: i for i, row in enumerate(rows) for name in row.inputs}
-    env = {f"t{id(model.inputs[0])}": x, "targets": y}
+    env = {profile_rows.input_key(model): x, "targets": y}
     table = []
     for i, row in enumerate(rows):
         inputs = [env[name] for name in row.inputs]

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from models.common import Sublayer
-from runner.measure import layers
+from runner.measure import layers, model_graph
 
 
 def _call_node(op, node) -> Callable:
@@ -29,35 +29,44 @@ def _call_node(op, node) -> Callable:
     return call
 
 
+def _key(name: tuple) -> str:
+    """A tensor's name in the profile's dataflow, from model_graph's."""
+    return "t" + "_".join(map(str, name))
+
+
+def input_key(model: keras.Model) -> str:
+    """The name of the model's (first) input in model_rows' dataflow."""
+    return _key((0, id(model.inputs[0])))
+
+
 def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer]:
-    """The model's operations in order as Sublayers (input tensors named by id), with layers
-    that describe themselves (a `sublayers` method) expanded, and the loss as the last row."""
-    rows = []
-    for op in model.operations:
-        if isinstance(op, keras.layers.InputLayer):
-            continue
-        node = op._inbound_nodes[0]
-        inputs = tuple(f"t{id(k)}" for k in node.arguments.keras_tensors)
-        output = f"t{id(node.outputs[0])}"
+    """The calls of the model's layers in order (runner/measure/model_graph.py: a nested
+    model's own, a shared layer's at each call, named <layer>@2 from its second) as Sublayers,
+    with layers that describe themselves (a `sublayers` method) expanded, and the loss as the
+    last row; the model's input is named input_key(model)."""
+    rows, seen = [], {}
+    calls, outputs = model_graph.calls(model)
+    for node, op, ins, outs in calls:
+        inputs, output = tuple(map(_key, ins)), _key(outs[0])
         if hasattr(op, "sublayers"):
             rows += op.sublayers(inputs[0], output, batch, seq)
             continue
+        seen[id(op)] = seen.get(id(op), 0) + 1
+        name = op.name if seen[id(op)] == 1 else f"{op.name}@{seen[id(op)]}"
         out_shape = node.outputs[0].shape
         out_elements = batch * math.prod(out_shape[1:])
+        flops = layers.kernel_flops(op, out_elements, out_shape[-1])
+        activation = model_graph.own_activation(op)
+        if activation and flops is not None:  # and its own activation's, on its output
+            flops += layers.element_flops(activation, 1, out_elements, out_elements)
+        variables = getattr(op, "trainable_variables", [])
+        call, kind = _call_node(op, node), layers.kind(op)
         rows.append(
-            Sublayer(
-                op.name,
-                layers.kind(op),
-                _call_node(op, node),
-                inputs,
-                output,
-                getattr(op, "trainable_variables", []),
-                layers.kernel_flops(op, out_elements, out_shape[-1]),
-            )  # fmt: skip
+            Sublayer(name, kind, call, inputs, output, variables, flops, activation=activation)
         )
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    logits = f"t{id(model.outputs[0])}"
-    rows.append(Sublayer("loss", "loss", lambda z, y: loss_fn(y, z), (logits, "targets"), "", []))
+    logits = (_key(outputs[0]), "targets")
+    rows.append(Sublayer("loss", "loss", lambda z, y: loss_fn(y, z), logits, "", []))
     return rows
 
 
@@ -77,6 +86,7 @@ def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
         row.name
         for row in rows
         if row.kind in layers.KEEPS_OUTPUT
+        or row.activation in layers.KEEPS_OUTPUT
         or any(k in readers_keep for k in readers.get(row.output, []))
     }
 
@@ -101,6 +111,9 @@ def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
     scaled = any(v.name == "gamma" for v in row.variables)
     width = output.dtype.size
     extra += layers.own_kept_bytes(row.kind, out_elements, in_elements, width, half, scaled)
+    if row.activation:  # what its own activation's gradient keeps of its own
+        extra += layers.own_kept_bytes(row.activation, out_elements, out_elements, width, half, 0)
+        extra += out_elements * width * (row.activation in layers.KEEPS_INPUT)
     if row.kind == "Dropout":
         extra += out_elements  # its boolean keep-mask (tf.nn's dropout selects with it)
     weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)
