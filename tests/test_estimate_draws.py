@@ -4,15 +4,18 @@ draw in a fresh process as a user runs it, within issue 15's band. A failing see
 the estimate's rules, not a draw to exclude."""
 
 import os
+import random
 
 import pytest
 
 from runner.bench import draws, estimate
 
-DRAWS = 5
-# The seed is printed; TFMEMLAB_ESTIMATE_SEED=S draws another set (the benchmark's
-# `python -m runner.bench estimate --draws N --seed S` runs the same jobs for a seed).
-SEED = int(os.environ.get("TFMEMLAB_ESTIMATE_SEED", "29"))
+DRAWS = 6
+# A new seed each run, so that the suite draws from the whole space over its runs, not the
+# same jobs (seed 29's were the ones the rules were read off first). It is printed, and
+# TFMEMLAB_ESTIMATE_SEED=S draws a run's jobs again (as does the benchmark's
+# `python -m runner.bench estimate --draws N --seed S`).
+SEED = int(os.environ.get("TFMEMLAB_ESTIMATE_SEED") or random.SystemRandom().randrange(10**6))
 
 
 def test_draws_are_reproducible_and_within_the_budget():
@@ -27,8 +30,8 @@ def test_draws_are_reproducible_and_within_the_budget():
 
 
 # slow: a fresh process a draw; 6 draws took 163 s of CPU (11.7 min of wall time at a load of 7)
-# and 143 s in the whole suite: process start, tracing and XLA compilation are most of it. 5
-# draws keep the suite in its budget; the benchmark's --draws 60 is the wider check.
+# and 143 s in the whole suite: process start, tracing and XLA compilation are most of it; 5
+# draws took 89 s in CI. The benchmark's --draws 60 is the wider check.
 @pytest.mark.slow
 def test_the_estimate_holds_on_jobs_drawn_at_random(capsys):
     jobs = draws.draws(DRAWS, SEED, draws.SMALL)
