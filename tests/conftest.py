@@ -1,6 +1,7 @@
 """Shared fixtures: the real conf/ composed with Hydra's compose API, shrunk to tiny sizes."""
 
 import os
+import random
 
 # The suite's sizes and bands were measured under oneDNN's CPU kernels, the default on CPUs with
 # AVX512_VNNI or AMX; without them TensorFlow's own convolution kernels take im2col buffers of up
@@ -226,6 +227,7 @@ def mlflow_server(tmp_path):
 
 
 _XLA_CACHE = pytest.StashKey[str]()
+ESTIMATE_SEED = "TFMEMLAB_ESTIMATE_SEED"
 
 
 def pytest_configure(config):
@@ -243,6 +245,21 @@ def pytest_configure(config):
         os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}".strip()
         os.environ[CACHE_ENV] = str(Path(folder) / "calibration")
         config.stash[_XLA_CACHE] = folder  # this process made it: it removes it at the end
+    _estimate_seed()
+
+
+def _estimate_seed() -> None:
+    """The randomized estimate test's seed (tests/test_estimate_draws.py): a new one each run
+    unless TFMEMLAB_ESTIMATE_SEED gives it, chosen once by the first process (xdist's
+    controller) and inherited by its workers, so that the header names the jobs they draw."""
+    if not os.environ.get(ESTIMATE_SEED):
+        os.environ[ESTIMATE_SEED] = str(random.SystemRandom().randrange(10**6))
+
+
+def pytest_report_header(config):
+    """The seed at the top of the run's output, whatever the tests print."""
+    seed = os.environ.get(ESTIMATE_SEED)
+    return f"estimate draws: seed {seed} (TFMEMLAB_ESTIMATE_SEED={seed} draws them again)"
 
 
 def pytest_unconfigure(config):

@@ -11,10 +11,10 @@ import pytest
 from runner.bench import draws, estimate
 
 DRAWS = 6
-# A new seed each run, so that the suite draws from the whole space over its runs, not the
-# same jobs (seed 29's were the ones the rules were read off first). It is printed, and
-# TFMEMLAB_ESTIMATE_SEED=S draws a run's jobs again (as does the benchmark's
-# `python -m runner.bench estimate --draws N --seed S`).
+# A new seed each run (tests/conftest.py chooses it, and prints it in the run's header), so
+# that the suite draws from the whole space over its runs, not the same jobs (seed 29's were the
+# ones the rules were read off first). TFMEMLAB_ESTIMATE_SEED=S draws a run's jobs again (as
+# does the benchmark's `python -m runner.bench estimate --draws N --seed S`).
 SEED = int(os.environ.get("TFMEMLAB_ESTIMATE_SEED") or random.SystemRandom().randrange(10**6))
 
 
