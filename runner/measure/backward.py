@@ -147,7 +147,7 @@ def walk_step(
         # backward of an elementwise activation of a kernel's output (a convolution's own ReLU),
         # beside the kernel layer's backward: two filter gradients' buffers at once.
         before = ops[p][2][0] if ops[p][2] else None
-        slow = executor.conv_threads and conv_scratch.scratch_bytes(op_c, 1, 4, False, 1)
+        slow = executor.conv_threads and conv_scratch.im2col(op_c)
         if slow and layers.kind(ops[p][1]) in layers.GRADIENT_IN_PLACE and before in producer:
             if _kernel_elements(ops[producer[before]][1]):
                 return producer[before]
@@ -216,15 +216,16 @@ def walk_step(
         if frozen:
             continue  # no backward runs for it
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
+        grad_done = weight_gradient_ends(i)
         work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
         if executor.conv_threads:
             threads = executor.conv_threads
             scratch = conv_scratch.scratch_bytes(op, b, width(op), grad_in, threads)
             work.add(i, i, scratch)
-            if weight_gradient_ends(i) < producer.get(ins[0], i):  # run past a ReLU's backward
+            if grad_done < producer.get(ins[0], i):  # its filter gradient outlasts a ReLU
                 filter_scratch = conv_scratch.scratch_bytes(op, b, width(op), False, threads)
-                work.add(weight_gradient_ends(i), i - 1, filter_scratch)
-        work.add(weight_gradient_ends(i), i - 1, size * width(op))  # its output gradient
+                work.add(grad_done, i - 1, filter_scratch)
+        work.add(grad_done, i - 1, size * width(op))  # its output gradient
         for t in outs:
             readers_of_t = consumers.get(t, [])
             if len(readers_of_t) > 1:

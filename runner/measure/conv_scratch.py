@@ -59,14 +59,22 @@ def onednn_convolutions(policy: str) -> bool:
     return policy != "mixed_bfloat16" or cpu_onednn_bf16()
 
 
+def im2col(op) -> bool:
+    """Whether a layer's backward goes through the im2col kernels above: a Conv2D's or Conv1D's,
+    not grouped (under TensorFlow's own CPU kernels; the caller decides that)."""
+    if type(op).__name__ not in CONVOLUTIONS or getattr(op, "kernel", None) is None:
+        return False
+    return getattr(op, "groups", 1) <= 1
+
+
 def scratch_bytes(op, batch: int, width: int, input_gradient: bool, threads: int) -> int:
     """Bytes of the im2col buffers a Conv2D's (or Conv1D's) backward allocates at micro-batch
     `batch` and `width` bytes per element: the filter gradient's, and the input gradient's
     when the layer's input needs one (not a model input). 0 for other layers, and under
     XLA's or oneDNN's kernels (the caller decides)."""
-    kernel = getattr(op, "kernel", None)
-    if type(op).__name__ not in CONVOLUTIONS or kernel is None or getattr(op, "groups", 1) > 1:
+    if not im2col(op):
         return 0
+    kernel = op.kernel
     out_pixels = math.prod(op.output.shape[1:-1])
     filter_total = math.prod(kernel.shape[:-1])
     cout = kernel.shape[-1]
