@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from runner.measure import backward, step_timeline, steps
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import grow_pool, least_peak, step_peak
+from tests.peaks import grow_pool, least_peak, most_peak, step_peak
 
 grow_pool()
 L = keras.layers
@@ -103,7 +103,8 @@ h = inp
 for _ in range(4):
     h = L.Conv2D(32, 3, padding="same", activation="relu")(h)
 stack = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(h)))
-out["stack"] = step_peak(stack, tf.random.normal((16, 48, 48, 3)), tf.zeros((16,), tf.int32))
+out["stack"] = step_peak(
+    stack, tf.random.normal((16, 48, 48, 3)), tf.zeros((16,), tf.int32), peak=most_peak)
 out["stack rule"] = sum(backward.walk_step(stack, 16, 4, RematInfo(), executor))
 print("RESULT " + json.dumps(out))
 """
@@ -134,6 +135,9 @@ def test_a_step_computes_only_the_gradients_a_weight_needs_and_holds_them_as_the
     # threads it runs the two branches' backwards at once, where the walk runs one op at a
     # time (their order moved the measured peak by 12 MiB between runs).
     assert 0.85 <= r["siamese"] / r["siamese rule"] <= 1.45, r
-    # Two filter gradients' im2col buffers (27.8 MiB each) at once: measured 78.3-80.8 MiB in 18
-    # calls, 0.92-0.95x the walk (85.2 MiB); one at a time, as before, 1.48x.
+    # Two filter gradients' im2col buffers (27.8 MiB each) at once: measured 73.8-80.8 MiB in 60
+    # calls here, 0.87-0.95x the walk (85.2 MiB); one at a time, as before, 1.48x. Whether the
+    # two overlap is the executor's timing: a CI run beside another test read 55.1 MiB (one
+    # buffer) in the least of 3 calls. The rule is the bound a run's peak reaches over its steps,
+    # so it is held against the most of 6 calls, as a run's peak is the most of its steps.
     assert 0.85 <= r["stack"] / r["stack rule"] <= 1.15, r
