@@ -58,9 +58,7 @@ IN_PLACE = {"BatchNormalization", "ReLU", "Activation:relu", "Activation:relu6",
 def _kernel_elements(op) -> int:
     """Elements of the kernels a layer reads in its compute dtype (a convolution's, a
     depthwise convolution's, a Dense layer's), whose casts its input gradient reads."""
-    names = ("kernel", "depthwise_kernel", "pointwise_kernel")
-    kernels = {id(k): k for k in (getattr(op, n, None) for n in names) if k is not None}
-    return sum(math.prod(k.shape) for k in kernels.values())
+    return sum(math.prod(k.shape) for k in layers.kernels(op))
 
 
 def _convolves(op) -> bool:

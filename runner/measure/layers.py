@@ -141,6 +141,13 @@ def own_kept_bytes(
     return nbytes
 
 
+def kernels(op) -> list:
+    """The kernels a layer reads (a convolution's, a depthwise convolution's, a Dense
+    layer's), each once: none for a layer without one."""
+    found = (getattr(op, n, None) for n in ("kernel", "depthwise_kernel", "pointwise_kernel"))
+    return list({id(k): k for k in found if k is not None}.values())
+
+
 def conv_kernels(op) -> tuple:
     """(depthwise kernel, dense kernel) of a convolution layer, None for what it has not: a
     DepthwiseConv2D has the first, a Conv2D the second, a SeparableConv2D both."""

@@ -18,6 +18,7 @@ import math
 import keras
 
 from models.common import is_graph
+from runner.measure import layers
 
 
 def _calls(graph) -> list:
@@ -92,8 +93,7 @@ def own_activation(op) -> str:
     layer's), Activation:<function> as layers.kind names an Activation layer's; "" for a layer
     without one (linear)."""
     function = getattr(op, "activation", None)
-    kernels = (getattr(op, k, None) for k in ("kernel", "depthwise_kernel", "pointwise_kernel"))
-    if function is None or all(k is None for k in kernels):
+    if function is None or not layers.kernels(op):
         return ""
     name = getattr(function, "__name__", "unknown")
     return "" if name == "linear" else f"Activation:{name}"
