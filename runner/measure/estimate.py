@@ -81,7 +81,8 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
     h=144, vocabulary 2101, micro-batch 1, gradients 3.3 MiB) peaked 2.2 MiB above an
     estimate with one copy. An accumulating step (accum > 1) holds one: its micro-batch call
     adds the scaled gradients into the sums, and the quotients are made in the update's own
-    call (runner/techniques/accumulation.py apply_sum), where no activation is alive. Seed
+    call (runner/techniques/accumulation.py apply_sum), where no activation is alive
+    (estimate_memory weighs that call: steps.update_call_bytes, xla_memory's). Seed
     988575's draw 1 (h=60, 5 layers, batch 4, accum 4, `mixed`, 1.6 MiB of gradients) peaked
     at the same 13.85 MiB with accum 2 and 4, 0.842 of the estimate with two copies; without
     XLA 0.835, and h=128 at accum 2 0.862 (0.95-0.96 with one).
@@ -94,10 +95,13 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
         nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy, cfg.accum)
     else:
         nbytes = steps.float32_bytes(trainable)
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    copies = 2 if scaled and cfg.accum == 1 else 1
+    copies = 2 if _scaled(optimizer) and cfg.accum == 1 else 1
     pack = steps.all_reduce_pack(trainable) if replicated and cfg.accum == 1 else 0
     return copies * nbytes + pack
+
+
+def _scaled(optimizer) -> bool:
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
 def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, int, int, int]:
@@ -111,8 +115,7 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     allocations at its peak were the loss moment's, 3.32 MiB, no other gradient alive; the
     estimate had added two copies of every gradient to it (6.4 MiB). Other steps: `every`
     (_gradient_bytes) at each moment, a bound (their updates and sums are not traced here)."""
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    if not scaled or cfg.accum > 1:
+    if not _scaled(optimizer) or cfg.accum > 1:
         return every, every, every, every
     all_of_them = steps.float32_bytes(trainable)
     head = (cfg.model.h + 1) * spec.num_classes * 4
@@ -205,11 +208,14 @@ def estimate_memory(
             gradients = in_flight
         else:  # every gradient, and the slot products alone (step_timeline.Executor)
             gradients += in_flight
-        if cfg.accum > 1:  # the update's own call, if it holds more than a micro-batch's
+    if cfg.accum > 1 and activations is not None:  # the update's own call, if it holds more
+        if transformer_xla:
+            update = xla_memory.update_call_bytes(trainable, _scaled(optimizer))
+        else:
             update = steps.update_call_bytes(trainable, optimizer, threads, steps.replicated(cfg))
-            inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
-            if update + inputs > activations + workspace + gradients:
-                activations, workspace, gradients = inputs, 0, update
+        inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
+        if update + inputs > activations + workspace + gradients:
+            activations, workspace, gradients = inputs, 0, update
     waste = 0  # the allocator's rounding of a step without XLA (XLA's buffers are its plan's)
     if activations is not None and not cpu_xla:
         waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
