@@ -209,7 +209,7 @@ def estimate_memory(
         else:  # every gradient, and the slot products alone (step_timeline.Executor)
             gradients += in_flight
     if cfg.accum > 1 and activations is not None:  # the update's own call, if it holds more
-        if transformer_xla:
+        if transformer_xla and not steps.replicated(cfg):  # a strategy's update is not XLA's
             update = xla_memory.update_call_bytes(trainable, _scaled(optimizer))
         else:
             update = steps.update_call_bytes(trainable, optimizer, threads, steps.replicated(cfg))
