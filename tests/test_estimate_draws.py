@@ -4,18 +4,18 @@ draw in a fresh process as a user runs it, within issue 15's band. A failing see
 the estimate's rules, not a draw to exclude."""
 
 import os
-import random
 
 import pytest
 
 from runner.bench import draws, estimate
+from tests.conftest import ESTIMATE_SEED
 
 DRAWS = 6
 # A new seed each run (tests/conftest.py chooses it, and prints it in the run's header), so
 # that the suite draws from the whole space over its runs, not the same jobs (seed 29's were the
 # ones the rules were read off first). TFMEMLAB_ESTIMATE_SEED=S draws a run's jobs again (as
 # does the benchmark's `python -m runner.bench estimate --draws N --seed S`).
-SEED = int(os.environ.get("TFMEMLAB_ESTIMATE_SEED") or random.SystemRandom().randrange(10**6))
+SEED = int(os.environ[ESTIMATE_SEED])
 
 
 def test_draws_are_reproducible_and_within_the_budget():

@@ -209,10 +209,13 @@ def estimate_memory(
         else:  # every gradient, and the slot products alone (step_timeline.Executor)
             gradients += in_flight
     if cfg.accum > 1 and activations is not None:  # the update's own call, if it holds more
-        if transformer_xla and not steps.replicated(cfg):  # a strategy's update is not XLA's
-            update = xla_memory.update_call_bytes(trainable, _scaled(optimizer))
+        replicated = steps.replicated(cfg)
+        if transformer_xla and not replicated:  # a strategy's update is not XLA's
+            update = xla_memory.update_call_bytes(
+                steps.float32_bytes(trainable), _scaled(optimizer)
+            )
         else:
-            update = steps.update_call_bytes(trainable, optimizer, threads, steps.replicated(cfg))
+            update = steps.update_call_bytes(trainable, optimizer, threads, replicated)
         inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
         if update + inputs > activations + workspace + gradients:
             activations, workspace, gradients = inputs, 0, update

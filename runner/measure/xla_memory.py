@@ -200,7 +200,7 @@ def gradient_bytes(trainable, policy: str, accum: int = 1) -> int:
     return sum(sizes[:2]) if policy == "float32" and accum == 1 else sum(sizes)
 
 
-def update_call_bytes(trainable, scaled: bool) -> int:
+def update_call_bytes(gradients: int, scaled: bool) -> int:
     """What an accumulating step's update call (runner/techniques/accumulation.py apply_sum),
     compiled by XLA, holds beyond the weights, slots and sums: under loss scaling two float32
     copies of every gradient, the quotients of the sums by the scale (all made before the
@@ -210,5 +210,5 @@ def update_call_bytes(trainable, scaled: bool) -> int:
     and 2.22 copies in its temporary buffer (h=256, 2 layers, vocabulary 500; h=64, 4 layers,
     vocabulary 2000; h=168, 1 layer, vocabulary 3996; micro-batch 1, `mixed`). Without loss
     scaling there is no conditional, and the micro-batch call holds more in every job measured
-    (0 here: not counted)."""
-    return 2 * sum(math.prod(v.shape) * 4 for v in trainable) if scaled else 0
+    (0 here: not counted). gradients: bytes of every gradient in float32."""
+    return 2 * gradients if scaled else 0
