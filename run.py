@@ -23,6 +23,7 @@ from runner.core.errors import (
     DiskFull,
     Interrupted,
     ModelError,
+    NonFiniteLoss,
     PlanError,
     ResumeError,
     TrackingError,
@@ -32,6 +33,7 @@ from runner.core.start import import_tensorflow
 from runner.launch import LAUNCH_ENV
 from runner.sweep.resume import resume_argv
 from runner.sweep.state import JOB_ENV, die_with_sweep, sweep_tags
+from runner.track.server import sqlite_path
 
 register_configs()
 
@@ -88,11 +90,13 @@ def _one_job(cfg: DictConfig) -> None:
         raise SystemExit(err.exit_code) from None
     except (DiskFull, ResumeError) as err:  # FAILED, failure=disk_full; no checkpoint restores
         raise SystemExit(f"error: {err}") from None
+    except NonFiniteLoss as err:  # FAILED, failure=nan: the step, the data's part, what to try
+        raise SystemExit(f"error: {err}") from None
     except tf.errors.ResourceExhaustedError as err:  # the run is FAILED (failure=oom)
         full = disk_full(err)  # any that training did not name (TensorFlow's words)
         raise SystemExit(f"error: {full or err.message}") from None
     except Exception as err:  # a write of the run on a full disk (MLflow may wrap the OSError)
-        full = disk_full(err)
+        full = disk_full(err, sqlite_path(cfg.mlflow.tracking_uri))
         if full is None:
             raise
         raise SystemExit(f"error: {full}") from None

@@ -1,6 +1,7 @@
 """Any keras.applications model by name (`model=keras_app model.name=DenseNet121`), from scratch.
 
-Each application has its own preprocessing contract (shared GUIDE, "preprocessing contracts"):
+Each application has its own preprocessing contract (keras/src/applications/imagenet_utils.py
+and each application's preprocess_input):
 ResNet50 and VGG take caffe-style BGR pixels less the ImageNet means, DenseNet 'torch' mode
 (mean/std), MobileNet(V2), Inception and Xception [-1, 1], while ConvNeXt, EfficientNet(V2),
 MobileNetV3 and RegNet rescale raw pixels inside the model (their preprocess_input passes them

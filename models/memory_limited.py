@@ -5,7 +5,8 @@ TensorFlow's own gradients keep more than the math needs. Measured on TF 2.21 / 
 (eager tape, bytes kept over one input's size, output included): Keras LayerNormalization
 7.4x (a float32 copy of the input, the centred input, the normalised one), exact GELU 6.2x,
 and at dropout 0 MultiHeadAttention's `ops.dot_product_attention` keeps the float32
-probabilities beside their 16-bit copy, so 16-bit attention saved nothing (shared GUIDE).
+probabilities beside their 16-bit copy, so 16-bit attention saved nothing
+(keras/src/backend/tensorflow/nn.py dot_product_attention).
 The functions below keep, for backward:
 - layer_norm: its input only (mean and inverse deviation are recomputed, a few FLOPs per
   element), and computes in float32 like Keras;

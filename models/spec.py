@@ -38,7 +38,7 @@ EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + tuple(
 )
 
 # The pixel range each image model takes, as keras.applications' `preprocess_input` for it
-# defines it (shared GUIDE, "preprocessing contracts"): mobilenet_v2's maps raw [0, 255]
+# defines it (keras/src/applications): mobilenet_v2's maps raw [0, 255]
 # pixels to [-1, 1]; MobileNetV3 and every EfficientNet rescale raw [0, 255] pixels inside the
 # model and their preprocess_input passes pixels through. runner/train/data.py feeds exactly this
 # range, known before the model is built, so a local `model.weights` file sees what it was

@@ -377,3 +377,19 @@ def test_quoted_paths_exist(page: Path):
     path = r"`((?:runner|models|conf|tests|docs|\.ci)/[\w./-]*|run\.py)`"
     quoted = re.findall(path, page.read_text())
     assert sorted(p for p in set(quoted) if not (REPO / p).exists()) == []
+
+
+def test_the_code_cites_only_what_a_reader_of_the_project_has():
+    """A comment or docstring cites a file of the project (a page of docs/ that exists), a
+    dependency's source file, an issue thread or a paper: never a document kept outside the
+    repository, which a reader of tfmemlab does not have (issue 48: 18 comments cited one)."""
+    outside = re.compile(r"shared " + "GUIDE|" + r"\.\./shared/")
+    page = re.compile(r"docs/[\w./-]+\.md")
+    cited, missing = [], []
+    for top in ("runner", "models", "examples", "tests", "conf"):
+        for path in sorted((REPO / top).rglob("*.py")) + sorted((REPO / top).rglob("*.yaml")):
+            text = path.read_text()
+            where = path.relative_to(REPO)
+            cited += [f"{where}: {m}" for m in outside.findall(text)]
+            missing += [f"{where}: {p}" for p in page.findall(text) if not (REPO / p).exists()]
+    assert cited == [] and missing == []

@@ -8,7 +8,8 @@ The whole model is runner/bench/attention.py's.
 
 The peak is get_memory_info('CPU:0')['peak'] after reset_memory_stats (as runner/measure
 reads a step's), with q, k, v and the output gradient already allocated; "held" is the peak
-less those inputs. Under XLA the pool is grown first (shared GUIDE: the BFC allocator's
+less those inputs. Under XLA the pool is grown first (the BFC allocator splits a free
+chunk only if it is at least twice the request, xla/tsl/framework/bfc_allocator.cc, so its
 chunks round a compiled program's buffer up otherwise).
 """
 

@@ -1,5 +1,6 @@
 """A full disk, told apart from everything else (issue 27): an OSError with errno ENOSPC or
-EDQUOT anywhere in an error's chain (MLflow wraps the OSError of its artifact copy), or a
+EDQUOT anywhere in an error's chain (MLflow wraps the OSError of its artifact copy), SQLite's
+SQLITE_FULL (a store's write: issue 48), or a
 TensorFlow error whose message says so (SaveV2 raises ResourceExhaustedError for ENOSPC, which
 is not running out of memory). TensorFlow-free: training and tracking both use it.
 """
@@ -44,6 +45,9 @@ def disk_full(err: BaseException, path=None, then: str = "") -> DiskFull | None:
     for link in _chain(err):
         if isinstance(link, DiskFull):
             return link
+        if getattr(link, "sqlite_errorname", "") == "SQLITE_FULL":  # an MLflow store's write
+            where = path or "the SQLite store"
+            return DiskFull(where, str(link), free_bytes(where) if path else None, then)
         if isinstance(link, OSError) and link.errno in _ERRNOS:
             where = link.filename or path or "a file"
             return DiskFull(where, os.strerror(link.errno), free_bytes(where), then)

@@ -76,6 +76,25 @@ class DiskFull(Exception):
         return type(self), (self.path, self.reason, self.free, self.then)
 
 
+class NonFiniteLoss(FloatingPointError):
+    """train/loss came back NaN or Inf (a FloatingPointError: the run's `failure` tag is nan).
+    `inputs_finite`: whether every floating value of the step's micro-batches was finite (None
+    when they had none, as token ids); `then` says what to try and what was kept."""
+
+    def __init__(self, loss: float, step: int, inputs_finite: bool | None, then: str = ""):
+        self.loss, self.step, self.inputs_finite, self.then = loss, step, inputs_finite, then
+        seen = {
+            False: ", and its input batch held NaN or Inf",
+            True: " with finite inputs",
+            None: "",
+        }[inputs_finite]
+        then = f": {then}" if then else ""
+        super().__init__(f"train/loss is {loss} at optimizer step {step}{seen}{then}")
+
+    def __reduce__(self):  # pickled whole, as ConfigError is
+        return type(self), (self.loss, self.step, self.inputs_finite, self.then)
+
+
 def error_line(err: BaseException) -> str:
     """A user's code's exception in one line: its type and its message's first line."""
     text = str(err).strip()

@@ -1,4 +1,5 @@
-"""What CPU this is, read at run time: machines differ from one day to the next (shared GUIDE);
+"""What CPU this is, read at run time: machines differ from one day to the next (the
+same project ran on CPUs with and without AVX512_BF16: docs/findings.md);
 and where its calibrations (runner/measure/cpu_peak.py) are cached."""
 
 import os

@@ -2,9 +2,11 @@
 runner.launch's workers and every fresh process (probes, sweep jobs, benchmark jobs).
 
 - `prepare_environment()` runs when the `runner` package is first imported, before TensorFlow
-  can be: the BFC allocator on the CPU is what makes `get_memory_info('CPU:0')` work (shared
-  GUIDE, "CPU memory"), and TensorFlow's C++ notices (oneDNN, CUDA probing, "failed call to
-  cuInit" on a CPU machine, which reads like a crash) are silenced unless the user set a level.
+  can be: the BFC allocator on the CPU is what makes `get_memory_info('CPU:0')` work
+  (tensorflow/core/common_runtime/process_state.cc reads TF_CPU_ALLOCATOR_USE_BFC at its first
+  CPU allocation; the default allocator keeps no stats), and TensorFlow's C++ notices (oneDNN,
+  CUDA probing, "failed call to cuInit" on a CPU machine, which reads like a crash) are
+  silenced unless the user set a level.
 - `import_tensorflow()` imports TensorFlow with the C++ stderr silenced (only the import: TF
   2.21 prints absl's "All log messages before absl::InitializeLog()" and INFO lines while it
   loads, whatever TF_CPP_MIN_LOG_LEVEL says), then quiets what TensorFlow's Python side

@@ -53,7 +53,7 @@ def _nbytes(variables) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-# XLA on a CPU computes 16-bit policies largely in float32 (shared GUIDE). Re-measured with the
+# XLA on a CPU computes 16-bit policies largely in float32 (docs/findings.md). Re-measured with the
 # allocator's pool grown first (issue 13; before it, peaks were the allocator's rounding):
 # `python -m runner.bench precision_accum` and `memory`, one process per job, on a CPU with
 # AVX512_BF16/AMX, put the transformer's peak under XLA at 0.94-0.97x float32 for bfloat16

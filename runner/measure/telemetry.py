@@ -2,7 +2,8 @@
 
 Memory comes from TensorFlow's allocator: on a GPU its own stats, on a CPU the BFC
 allocator that runner/__init__.py switches on before TensorFlow loads (the default CPU
-allocator keeps no stats; shared GUIDE). Where neither is available the process's peak
+allocator keeps no stats: tensorflow/core/common_runtime/process_state.cc reads
+TF_CPU_ALLOCATOR_USE_BFC). Where neither is available the process's peak
 resident set is the fallback, and `mem/source` says which one a figure came from.
 """
 
@@ -75,7 +76,7 @@ class Memory:
 
     def _allocator_counts(self) -> bool:
         """Whether the allocator keeps stats (without TF_CPU_ALLOCATOR_USE_BFC the CPU's raised
-        ValueError in the shared GUIDE's checks): a probe tensor must show in the peak."""
+        ValueError "Allocator stats not available"): a probe tensor must show in the peak."""
         try:
             with tf.device(self.key):
                 probe = tf.ones([1024])  # 4 KiB that must show in the peak

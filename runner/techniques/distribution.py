@@ -7,7 +7,7 @@
   (and the tests) runs it, as Keras tests its own TF distribution code.
 - `multi_worker`: MultiWorkerMirroredStrategy, the cluster from TF_CONFIG, or under SLURM from
   SlurmClusterResolver when TF_CONFIG is absent. Keras 3's `fit` fails under it
-  (keras-team/keras#20585); the loop here runs the step with `strategy.run` (shared GUIDE).
+  (keras-team/keras#20585); the loop here runs the step with `strategy.run`, which works.
 
 `data.batch_size` is per replica: a global micro-batch is data.batch_size x replicas, and the
 effective batch data.batch_size x accum x replicas. Every worker builds the same seeded

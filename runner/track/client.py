@@ -18,9 +18,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from runner.config.schema import MlflowConfig
-from runner.core.errors import TrackingError
 from runner.core.secrets import move_login_to_env, redact
-from runner.track.server import REPAIR, remote, sqlite_path
+from runner.track.server import remote, sqlite_path
+from runner.track.store_faults import quiet_explained_faults, store_fault
 
 
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
@@ -43,7 +43,7 @@ def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str |
     """(the command that serves the MLflow UI on this store or None, the page's URL).
 
     MLflow 3.17's UI opens an experiment on its GenAI overview; `workflowType=machine_learning`
-    opens the runs table (shared GUIDE).
+    opens the runs table (read from the UI's own query string, MLflow 3.17; docs/usage.md).
     """
     page = f"#/experiments/{experiment}/runs" + (f"/{run_id}" if run_id else "")
     page += "?workflowType=machine_learning"
@@ -69,14 +69,6 @@ def store_lock(db: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _broken_store(db: Path, err: Exception) -> TrackingError:
-    return TrackingError(
-        f"mlflow.tracking_uri=sqlite:///{db}: the store cannot be opened "
-        f"({type(err).__name__}: {str(err).splitlines()[0][:160]}); `{REPAIR} {db}` backs it "
-        "up and finishes its schema (no run is deleted)"
-    )
-
-
 def client_for(uri: str) -> MlflowClient:
     """A client of the store at `uri`; a SQLite store is created (or opened) under a lock, so
     runs started together on a fresh store all get it."""
@@ -92,11 +84,12 @@ def client_for(uri: str) -> MlflowClient:
     db = sqlite_path(uri)
     if db is None:
         return MlflowClient(tracking_uri=uri)
+    quiet_explained_faults()
     with store_lock(db):
         try:
             return MlflowClient(tracking_uri=uri)  # creates and migrates the store if need be
         except Exception as err:
-            raise _broken_store(db, err) from err
+            raise store_fault(db, err) from err
 
 
 _SCRATCH: list[Path] = []  # an empty, migrated SQLite store, made once per process

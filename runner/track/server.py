@@ -1,12 +1,12 @@
 """Is the tracking store usable? Checked before TensorFlow (or MLflow) is imported."""
 
 import os
-import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from runner.core.errors import TrackingError
 from runner.core.secrets import PASSWORD_ENV, USER_ENV, credentials, redact, strip_userinfo
+from runner.track.store_faults import check_file
 
 SERVER_TIMEOUT_S = 5.0  # how long a tracking server has to answer tfmemlab's start-up check
 
@@ -82,26 +82,16 @@ def _login(uri: str) -> dict:
     return {"headers": {"Authorization": f"Bearer {token}"}} if token else {}
 
 
-REPAIR = "python -m runner.track.store repair"
-TMP_PREFIX = "_alembic_tmp_"  # Alembic's copy of a table during a batch migration
-
-
 def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def check_store(uri: str) -> None:
     """Raise TrackingError (one line) if the store at `uri` cannot be used: a server that does
-    not answer, or a SQLite store whose creation was interrupted (runner/track/store.py)."""
+    not answer, or a SQLite store that is damaged or whose creation was interrupted
+    (runner/track/store_faults.py)."""
     check_reachable(uri)
     db = sqlite_path(uri)
     if db is None or not db.is_file():
         return
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        names = [n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    broken = sorted(n for n in names if n.startswith(TMP_PREFIX))
-    if broken:
-        raise TrackingError(
-            f"mlflow.tracking_uri={redact(uri)}: the store's creation was interrupted ({broken[0]} "
-            f"was left behind); `{REPAIR} {db}` backs it up and finishes it (no run is deleted)"
-        )
+    check_file(db, redact(uri))

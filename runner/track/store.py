@@ -1,5 +1,6 @@
-"""`python -m runner.track.store repair <mlflow.db>`: finish a SQLite store whose creation was
-interrupted, without deleting a run (issue 16).
+"""`python -m runner.track.store repair <mlflow.db>`: recover a damaged SQLite store's readable
+runs into a new file, keeping the damaged one beside it (issue 48: runner/track/recover.py), or
+finish a store whose creation was interrupted, without deleting a run (issue 16).
 
 MLflow creates a SQLite store on first use and migrates it through its schema revisions.
 SQLite's DDL is not transactional under Alembic's batch migrations, so processes that did so
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from runner.core.errors import TrackingError
 from runner.track.client import store_lock
-from runner.track.server import TMP_PREFIX
+from runner.track.recover import recover
+from runner.track.store_faults import TMP_PREFIX
 
 
 def _tables(con: sqlite3.Connection) -> set[str]:
@@ -36,11 +38,18 @@ def leftovers(db: Path) -> list[str]:
         return sorted(t for t in _tables(con) if t.startswith(TMP_PREFIX))
 
 
+def damaged(db: Path) -> bool:
+    """Whether SQLite finds the file damaged (its quick_check, or an error reading it)."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return con.execute("PRAGMA quick_check(1)").fetchone()[0] != "ok"
+    except sqlite3.DatabaseError:
+        return True
+
+
 def repair(db: Path) -> tuple[Path, list[str]]:
     """(the backup written, the temporary tables dropped); raises TrackingError if a
     temporary table holds the only copy of its rows."""
-    if not db.is_file():
-        raise TrackingError(f"{db}: no such file")
     with store_lock(db):
         backup = db.with_name(f"{db.name}.backup-{time.strftime('%Y%m%d-%H%M%S')}")
         shutil.copy2(db, backup)
@@ -78,8 +87,30 @@ def command_line() -> argparse.ArgumentParser:
     return parser
 
 
+def _recovered(db: Path) -> str:
+    """Recover a damaged store; what was recovered, in one line."""
+    with store_lock(db):
+        kept, counts, stand_ins = recover(db)
+    lost = (
+        f"; the experiment(s) of some runs were lost: they are under {', '.join(stand_ins)}"
+        if stand_ins
+        else ""
+    )
+    return (
+        f"tfmemlab: {db} recovered into a new file: {counts.get('runs', 0)} run(s), "
+        f"{counts.get('experiments', 0)} experiment(s), {counts.get('metrics', 0)} metric "
+        f"value(s), {counts.get('tags', 0)} tag(s) were readable{lost}; the damaged file is "
+        f"kept as {kept}"
+    )
+
+
 def main(argv: list[str]) -> None:
     args = command_line().parse_args(argv)
+    if not args.db.is_file():
+        raise SystemExit(f"error: {args.db}: no such file")
+    if damaged(args.db):
+        print(_recovered(args.db))
+        return
     try:
         backup, dropped = repair(args.db)
     except TrackingError as err:

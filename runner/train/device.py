@@ -38,7 +38,7 @@ def resolve(name: str, gpus: list) -> str:
 def describe(dev: str, gpus: list) -> str:
     """A human name for the device, e.g. "NVIDIA H200" (looked up in the peak-FLOP/s table),
     or "CPU Intel(R) Xeon(R) ... (2 cores)": step times and MFU compare only within one
-    device, and machines differ from one day to the next (shared GUIDE)."""
+    device, and machines differ from one day to the next (runner/core/machine.py)."""
     if dev.startswith("/GPU"):
         details = tf.config.experimental.get_device_details(gpus[int(dev.split(":")[1])])
         return details.get("device_name", dev)

@@ -1,5 +1,6 @@
-"""What stopped training, told to the user in one line (issues 7, 27): out of memory with the
-levers to try, or a full disk with the path, the space left and the checkpoint kept.
+"""What stopped training, told to the user in one line (issues 7, 27, 48): out of memory with
+the levers to try, a full disk with the path, the space left and the checkpoint kept, or a loss
+that is not finite with whether the data held it and what to try.
 
 TensorFlow raises ResourceExhaustedError for both (SaveV2 on a full disk), so the disk is
 checked first: only memory exhaustion is called out of memory.
@@ -12,7 +13,7 @@ import shutil
 import tensorflow as tf
 
 from runner.core.diskfull import disk_full, free_bytes
-from runner.core.errors import DiskFull
+from runner.core.errors import DiskFull, NonFiniteLoss
 from runner.measure import estimate
 from runner.train.checkpoint import TrainState
 from runner.train.job import Built, Job
@@ -49,6 +50,28 @@ def out_of_memory(err, job: Job, built: Built):
     return tf.errors.ResourceExhaustedError(err.node_def, err.op, message)
 
 
+def non_finite(err: NonFiniteLoss, job: Job, latest: str | None) -> NonFiniteLoss:
+    """The same error, saying what to try: the data's values when an input held NaN or Inf,
+    otherwise the levers of a diverging step; and which checkpoint is kept."""
+    cfg = job.cfg
+    if err.inputs_finite is False:
+        where = f" data.path={cfg.data.path}" if cfg.data.get("path") else ""
+        advice = f"the data is the cause: clean the values of data={cfg.data.name}{where}"
+    else:
+        levers = [f"a lower trainer.lr (now {cfg.trainer.lr:g})"]
+        if cfg.precision.name != "fp32":
+            levers.append(f"precision=fp32 (now {cfg.precision.name})")
+        if not cfg.trainer.warmup_steps:
+            levers.append("trainer.warmup_steps=100")
+        advice = "the step diverged; try " + ", ".join(levers[:-1]) + " or " + levers[-1]
+    kept = (
+        f"the last checkpoint, {latest}, is kept (python run.py trainer.resume={job.run_dir})"
+        if latest
+        else "no checkpoint was written"
+    )
+    return NonFiniteLoss(err.loss, err.step, err.inputs_finite, f"{advice}; {kept}")
+
+
 def training_fault(err: Exception, job: Job, built: Built, state: TrainState):
     """The error to raise for `err` from the training loop: DiskFull (a checkpoint's half-written
     files removed, the last good one named), out of memory explained, or `err` itself."""
@@ -70,4 +93,6 @@ def training_fault(err: Exception, job: Job, built: Built, state: TrainState):
         return DiskFull(full.path, full.reason, free_bytes(full.path), kept)
     if isinstance(err, tf.errors.ResourceExhaustedError):
         return out_of_memory(err, job, built)
+    if isinstance(err, NonFiniteLoss):
+        return non_finite(err, job, state.manager.latest_checkpoint)
     return err

@@ -10,7 +10,7 @@ import tensorflow as tf
 def resolve_jit(flag: str, model_name: str, on_gpu: bool) -> bool:
     """trainer.jit_compile=auto: XLA on GPUs, and on CPUs for the transformer only.
 
-    Measured on a 2-core CPU: XLA made the transformer ~2.7x faster per step (shared GUIDE),
+    Measured on a 2-core CPU: XLA made the transformer ~2.7x faster per step (docs/findings.md),
     but MobileNetV2 (alpha 0.35, 32x32, batch 32) 6x slower (0.30 s vs 0.05 s per step) and
     twice as slow to compile; Keras's own "auto" leaves XLA off on every CPU.
     """
