@@ -94,10 +94,14 @@ def _compose_checked(overrides: list[str]) -> DictConfig:
 
 
 def _find_culprit(overrides: list[str]) -> int:
-    """Index of the override that breaks composition (compose errors do not always name it)."""
-    for i in range(len(overrides)):
+    """Index of the override that breaks composition (compose errors do not always name it):
+    the first whose prefix fails to compose, with the groups' choices taken first. Hydra applies
+    `data=arrays` before `data.train_samples=32` whatever their order, so a key the chosen
+    option lacks is the key's fault, not the option's."""
+    order = sorted(range(len(overrides)), key=lambda i: "." in overrides[i].split("=", 1)[0])
+    for n, i in enumerate(order):
         try:
-            _compose(overrides[: i + 1])
+            _compose([overrides[j] for j in order[: n + 1]])
         except (ConfigCompositionException, OmegaConfBaseException):
             return i
     return len(overrides) - 1

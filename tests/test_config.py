@@ -143,6 +143,10 @@ BAD_INPUT = [
     (["model.h=10", "model.heads=4"], "model.h=10", "multiple of model.heads=4"),
     (["-m", "precision=fp32,mixd"], "precision=mixd", "bf16, fp32, mixed"),
     (["trainer.optimizer=adagrad"], "trainer.optimizer=adagrad", "adam, adamw, sgd"),
+    # A key the chosen option lacks, given before the choice: the key is named, not the option
+    # (Hydra applies group choices first; issue 48 found "data=arrays: no such option").
+    (["data.train_samples=32", "data=arrays"], "data.train_samples=32", "x_key, y_key"),
+    (["data.train_samples=32", "data=arrays", "precision=mixd"], "precision=mixd", "bf16, fp32"),
     (["sweep.varies=[modle]"], "sweep.varies=modle", "a list of config groups or keys"),
     (["-m", "sweep.repeats=0"], "sweep.repeats=0", "an integer >= 1"),
     (

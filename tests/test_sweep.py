@@ -149,7 +149,7 @@ def test_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path, store, capsys):
     experiment = parent.info.experiment_id
     assert "peak_MiB/base" in note and note in result.stdout
     assert f"#/experiments/{experiment}/runs?workflowType=machine_learning" in note
-    assert f"mlflow ui --backend-store-uri {store}" in note
+    assert f"mlflow ui --workers 1 --backend-store-uri {store}" in note
     # Child runs are renamed by what differs from the baseline; their overrides stay as a tag.
     names = [c.info.run_name for c in children]
     assert names[:2] == ["baseline", "trainer.lr=1e+30"], names

@@ -13,6 +13,7 @@
     python -m runner.bench distribution      # 1, 2, 4 replicas and 2 workers at one global batch
     python -m runner.bench attention         # standard vs chunked: whole model, s, budget
     python -m runner.bench attention --core  # ... the attention core alone, against s
+    python -m runner.bench ui                # the MLflow UI's memory, as printed vs plain
 
 Targets are checked here, by ratios of figures measured in the same run, not by timed unit
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.

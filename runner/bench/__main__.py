@@ -16,6 +16,7 @@ BENCHES = (
     "plan",
     "distribution",
     "attention",
+    "ui",
 )
 
 

@@ -39,18 +39,26 @@ def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+# MLflow 3's server starts huey worker processes for GenAI jobs unless this is false.
+UI_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false"
+
+
 def ui_hint(uri: str, experiment: str, run_id: str | None = None) -> tuple[str | None, str]:
     """(the command that serves the MLflow UI on this store or None, the page's URL).
 
     MLflow 3.17's UI opens an experiment on its GenAI overview; `workflowType=machine_learning`
     opens the runs table (read from the UI's own query string, MLflow 3.17; docs/usage.md).
+    The command switches off the server's GenAI job runner (UI_ENV), which tfmemlab's runs do
+    not use, and serves one user with one worker process (MLflow starts 4 of ~280 MiB each):
+    `python -m runner.bench ui` measures what that saves (docs/usage.md).
     """
     page = f"#/experiments/{experiment}/runs" + (f"/{run_id}" if run_id else "")
     page += "?workflowType=machine_learning"
     uri = redact(uri)  # printed, and kept in the run's description: no login in it
     if uri.startswith(("http://", "https://")):
         return None, f"{uri.rstrip('/')}/{page}"
-    return f"mlflow ui --backend-store-uri {uri}", f"http://127.0.0.1:5000/{page}"
+    command = f"{UI_ENV} mlflow ui --workers 1 --backend-store-uri {uri}"
+    return command, f"http://127.0.0.1:5000/{page}"
 
 
 @contextlib.contextmanager
