@@ -412,12 +412,12 @@ def test_tfrecord_setup_rss_stays_flat_as_the_file_grows_arrays_grow(tmp_path):
     shown = {f"{source} {scale}x": round(v / 2**20, 1) for (source, scale), v in rss.items()}
     print("data setup RSS growth (MiB):", shown)
     assert rss[("tfrecord", 4)] <= 1.2 * rss[("tfrecord", 1)]
-    # Arrays: the 3x more pixels show, one copy of them (runner/train/sources.py).
+    # Arrays: the 3x more pixels show, one copy of them (runner/data/arrays.py).
     assert rss[("arrays", 4)] - rss[("arrays", 1)] >= 0.8 * 3 * RSS_IMAGES * 3072
 
 
 def test_every_kth_split_is_disjoint_and_complete():
-    from runner.train.sources import every_kth, split_every_kth
+    from runner.data.examples import every_kth, split_every_kth
 
     train, val = split_every_kth(tf.data.Dataset.range(12), 5)
     assert list(val.as_numpy_iterator()) == [0, 5, 10]

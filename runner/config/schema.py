@@ -106,7 +106,11 @@ class DistributionConfig:
 
 @dataclass
 class DataConfig:
+    """What every data source reads. Each `data=` option extends it (stored as base_<name>
+    by runner.config.store) and names in its YAML the module that checks and builds it."""
+
     name: str = MISSING
+    module: str | None = None  # its YAML names the source's module: runner.data.<name>
     batch_size: int = 32  # the micro-batch fed per step; accum multiplies it
     image_size: int = 32  # CNNs: images are resized to image_size x image_size x 3
     seq_len: int = 64  # transformer: tokens per example
