@@ -8,7 +8,6 @@ imports no TensorFlow (runner/data/__init__.py).
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config.data_checks import check_data_source
 from runner.config.model import KERAS_APP, is_target, pixel_range, takes_images
 from runner.config.schema import IMAGE_MODELS
 from runner.config.store import CONF_DIR, group_options
@@ -36,7 +35,7 @@ def _giving(kind: str) -> list[str]:
     found = []
     for option in group_options("data"):
         module = OmegaConf.load(CONF_DIR / "data" / f"{option}.yaml").get("module")
-        if module is None or kind in source_module(module).KINDS:  # None: arrays, both
+        if kind in source_module(module).KINDS:
             found.append(option)
     return found
 
@@ -65,9 +64,6 @@ def validate_data(cfg: DictConfig) -> None:
         _min(d, "image_size", 32 if shipped else 1)
     else:
         _min(d, "seq_len", 2)
-    if d.module is None:  # arrays: its check not yet in runner/data/
-        check_data_source(cfg)
-        return
     module = source_module(d.module)
     module.check(d, request(cfg, images))
     _check_kind(cfg, module.KINDS)

@@ -21,7 +21,6 @@ from models.spec import DataSpec
 from runner.config.data import request
 from runner.data.contract import source_module
 from runner.data.examples import Examples, held_bytes
-from runner.train import sources
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -47,8 +46,6 @@ class Data:
 def source_errors(cfg: DictConfig):
     """The source's own one-line errors for what is found only as its pipeline is drawn
     (a source module's `errors(d)`, e.g. tfrecord's short token record), else nothing."""
-    if cfg.data.module is None:  # arrays: not yet in runner/data/
-        return contextlib.nullcontext()
     errors = getattr(source_module(cfg.data.module), "errors", None)
     return errors(cfg.data) if errors is not None else contextlib.nullcontext()
 
@@ -75,10 +72,7 @@ def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1, measure=Fa
     rss_before = psutil.Process().memory_info().rss
     seed, accum = cfg.trainer.seed, cfg.accum
     batch = cfg.data.batch_size * replicas
-    if cfg.data.module is None:  # arrays: its build not yet in runner/data/
-        examples = sources.arrays(cfg, image_model, seed)
-    else:
-        examples = source_module(cfg.data.module).build(cfg.data, request(cfg, image_model))
+    examples = source_module(cfg.data.module).build(cfg.data, request(cfg, image_model))
     steps_per_epoch = examples.train_size // (batch * accum)
     if steps_per_epoch < 1:
         over = f" x {replicas} replicas" if replicas > 1 else ""
