@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from models.spec import DataSpec
 from runner.core import datafiles
+from runner.core.errors import ConfigError
 from runner.data import checks
 from runner.data.checks import require
 from runner.data.contract import Request
@@ -28,11 +29,22 @@ def check(d: DictConfig, request: Request) -> None:
     checks.val_fraction(d)
     require(not request.images, "data", "text", "model=transformer for data=text (bytes as tokens)")
     path = checks.files("data.path", d.path, "a text file")[0]
-    windows = os.path.getsize(path) // (d.seq_len + 1)
+    size, need = os.path.getsize(path), 2 * (d.seq_len + 1)
+    if size >= need:
+        return
+    longest = size // 2 - 1  # the longest seq_len that 2 windows of this file allow
+    if longest >= 2:
+        allowed = (
+            f"at most {longest}: {path} holds {size} bytes, too short for 2 windows of "
+            f"seq_len + 1 bytes ({need})"
+        )
+        raise ConfigError("data.seq_len", d.seq_len, allowed)
+    said = "it is empty" if size == 0 else f"it holds {size} bytes"
     allowed = (
-        f"at most {os.path.getsize(path) // 2 - 1}: {path} must hold 2 windows of seq_len + 1 bytes"
+        f"a text file of at least 2 windows of seq_len + 1 bytes ({need} bytes at "
+        f"data.seq_len={d.seq_len}); {said}"
     )
-    require(windows >= 2, "data.seq_len", d.seq_len, allowed)
+    raise ConfigError("data.path", d.path, allowed)
 
 
 def _windows(path: str, size: int, first: int, count: int):
