@@ -6,10 +6,15 @@ store; a refused command leaves no store and no run folder, and no data file is 
 
 import hashlib
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import TINY, run_cli
+from runner.config import compose_config, validate
+from runner.train.data import build_data
+from runner.train.pipeline import run
+from tests.conftest import TINY, TINY_TRAINER, run_cli
+from tests.test_data_sources import CLASSES, write_npz
 
 # The tiny transformer without its data keys: the length comes from the file.
 TRANSFORMER = [o for o in TINY["transformer"] if not o.startswith("data.")]
@@ -32,6 +37,63 @@ def _refused(done, tmp_path, line: str) -> None:
     assert done.returncode != 0
     assert done.stderr.strip() == line, done.stderr[-2000:]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists()
+
+
+def _token_npz(tmp_path) -> str:
+    x = (np.arange(64)[:, None] + np.arange(TOKENS + 1)[None, :]) % 16  # next token: + 1
+    return write_npz(tmp_path / "tokens.npz", x[:, :-1], x[:, 1:])
+
+
+# --- arrays: the token length and the image size are the file's ------------------------------
+
+
+def test_arrays_take_the_token_length_from_the_file(tmp_path):
+    """`data=arrays data.path=tokens.npz` with no data.seq_len trains at the arrays' length
+    (it stopped with `data.seq_len=64: not allowed; expected 16, ...`)."""
+    path = _token_npz(tmp_path)
+    before, store = _digest(path), f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*TRANSFORMER, "data=arrays", f"data.path={path}", "data.batch_size=4", *TINY_TRAINER]
+    done = run_cli([*args, f"mlflow.tracking_uri={store}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = _only_run(store)
+    assert logged.info.status == "FINISHED"
+    assert logged.data.params["data.seq_len"] == str(TOKENS)
+    assert _digest(path) == before
+
+
+def test_arrays_refuse_a_token_length_set_against_the_file(tmp_path):
+    path = _token_npz(tmp_path)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*TRANSFORMER, "data=arrays", f"data.path={path}", "data.seq_len=8"]
+    done = run_cli([*args, f"mlflow.tracking_uri={store}"], cwd=tmp_path, timeout=120)
+    _refused(
+        done,
+        tmp_path,
+        f"error: data.seq_len=8: not allowed; expected {TOKENS}, the length of the token "
+        f"arrays x in {path}, or no value (then it is taken from there)",
+    )
+
+
+def test_arrays_take_the_image_size_from_the_file(tmp_path, store):
+    """Images of 36x36 train at 36 (they were resized to data.image_size's 32); images
+    smaller than keras.applications take are resized to their smallest, 32."""
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % CLASSES
+    path = write_npz(tmp_path / "images.npz", rng.integers(0, 255, (40, 36, 36), np.uint8), y)
+    before = _digest(path)
+    cfg = compose_config([*MOBILENET, "data=arrays", f"data.path={path}", "data.batch_size=4",
+                          *TINY_TRAINER, f"mlflow.tracking_uri={store}"])  # fmt: skip
+    validate(cfg)
+    result = run(cfg)
+    logged = MlflowClient(tracking_uri=store).get_run(result["run_id"])
+    assert logged.info.status == "FINISHED" and result["steps"] == 3
+    assert logged.data.params["data.image_size"] == "36"
+    assert _digest(path) == before
+    small = write_npz(tmp_path / "small.npz", rng.integers(0, 255, (8, 12, 12), np.uint8), y[:8])
+    small_cfg = compose_config(
+        [*MOBILENET, "data=arrays", f"data.path={small}", "data.batch_size=4"]
+    )
+    assert build_data(small_cfg, True).spec.input_shape == (32, 32, 3)
 
 
 # --- text: a file too short for two windows is said to be so ---------------------------------

@@ -26,8 +26,26 @@ def request(cfg: DictConfig, images: bool) -> Request:
 
 
 def _min(d: DictConfig, key: str, low: int) -> None:
-    value = d[key]
-    require(value is not None and value >= low, f"data.{key}", value, f"a number >= {low}")
+    value = d[key]  # null: the source's files say it (complete)
+    require(value is None or value >= low, f"data.{key}", value, f"a number >= {low}")
+
+
+def _smallest_image(cfg: DictConfig) -> int:
+    """keras.applications refuse inputs smaller than 32x32; a model of one's own may not."""
+    shipped = cfg.model.get("name") in IMAGE_MODELS or cfg.model.get("_target_") == KERAS_APP
+    return 32 if shipped else 1
+
+
+def complete(cfg: DictConfig, images: bool) -> None:
+    """The keys cfg.data leaves null that its source's files say (a source module's
+    `from_files`: an .npz's token length, its images' size), set in place, so that the job
+    and the params it logs carry them. An image size is raised to the model's smallest."""
+    d = cfg.data
+    found = getattr(source_module(d.module), "from_files", None)
+    if found is None:
+        return
+    for key, value in found(d, request(cfg, images)).items():
+        d[key] = max(value, _smallest_image(cfg)) if key == "image_size" else value
 
 
 def _giving(kind: str) -> list[str]:
@@ -53,17 +71,17 @@ def _check_kind(cfg: DictConfig, kinds: tuple[str, ...]) -> None:
 
 
 def validate_data(cfg: DictConfig) -> None:
-    """ConfigError for the first bad value of cfg.data; its source's check included."""
+    """ConfigError for the first bad value of cfg.data, its source's check included; then
+    the keys left null that the source's files say are filled in (complete)."""
     d = cfg.data
     _min(d, "batch_size", 1)
     _min(d, "shuffle_buffer", 1)
     images = takes_images(cfg)
     if images:
-        # keras.applications refuse inputs smaller than 32x32; a model of one's own may not.
-        shipped = cfg.model.get("name") in IMAGE_MODELS or cfg.model.get("_target_") == KERAS_APP
-        _min(d, "image_size", 32 if shipped else 1)
+        _min(d, "image_size", _smallest_image(cfg))
     else:
         _min(d, "seq_len", 2)
     module = source_module(d.module)
     module.check(d, request(cfg, images))
     _check_kind(cfg, module.KINDS)
+    complete(cfg, images)

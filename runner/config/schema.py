@@ -161,6 +161,9 @@ class ArraysDataConfig(DataConfig):
 
     name: str = "arrays"
     path: str = MISSING  # an .npz file
+    image_size: int | None = None  # images; null: their size in the file (at least 32 for a
+    # keras.applications model, which refuses smaller inputs)
+    seq_len: int | None = None  # tokens; null: the length of the token arrays
     x_key: str = "x"  # images [N, H, W(, C)] or tokens [N, seq_len]
     y_key: str = "y"  # labels [N], or per-token targets [N, seq_len]
     val_fraction: float = 0.2

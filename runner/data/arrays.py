@@ -1,8 +1,9 @@
 """data=arrays: arrays x and y of an .npz file, loaded into memory (docs/data.md).
 
-The check reads the arrays' shapes from the file's headers (runner/core/datafiles.py); the
-build holds one copy of them in host variables that the map reads by index, so the shuffle
-buffer holds indices, not images. Validation: a seeded share of the examples.
+The check reads the arrays' shapes from the file's headers (runner/core/datafiles.py), which
+also give data.seq_len and data.image_size when the config leaves them null (from_files); the
+build holds one copy of the arrays in host variables that the map reads by index, so the
+shuffle buffer holds indices, not images. Validation: a seeded share of the examples.
 """
 
 import zipfile
@@ -39,12 +40,26 @@ def check(d: DictConfig, request: Request) -> None:
         require(ok, "data.x_key", d.x_key, f"images [N, H, W] or [N, H, W, 1|3]; it is {list(x)}")
         require(d.pixel_max > 0, "data.pixel_max", d.pixel_max, "a number > 0")
     else:
-        require(len(x) == 2, "data.x_key", d.x_key, f"tokens [N, seq_len]; it is {list(x)}")
-        allowed = f"{x[1]}, the length of the token arrays {d.x_key} in {path}"
-        require(d.seq_len == x[1], "data.seq_len", d.seq_len, allowed)
+        ok = len(x) == 2 and x[1] >= 2
+        require(ok, "data.x_key", d.x_key, f"tokens [N, seq_len >= 2]; it is {list(x)}")
+        # The length is the file's: only a value set against it is refused (issue 48).
+        allowed = (
+            f"{x[1]}, the length of the token arrays {d.x_key} in {path}, or no value "
+            "(then it is taken from there)"
+        )
+        require(d.seq_len in (None, x[1]), "data.seq_len", d.seq_len, allowed)
     ok = y == (x[0],) or (not request.images and y == (x[0], x[1]))
     require(ok, "data.y_key", d.y_key, f"targets [{x[0]}] for {d.x_key} {list(x)}; it is {list(y)}")
     require(x[0] >= 2, "data.x_key", d.x_key, f"at least 2 examples; it has {x[0]}")
+
+
+def from_files(d: DictConfig, request: Request) -> dict[str, int]:
+    """What the file says of the keys left null: the token arrays' length (data.seq_len), the
+    images' size (data.image_size: the larger side; a set size resizes them)."""
+    x = datafiles.npz_arrays(datafiles.match_files(d.path)[0])[d.x_key][0]
+    if request.images:
+        return {"image_size": max(x[1], x[2])} if d.image_size is None else {}
+    return {"seq_len": x[1]} if d.seq_len is None else {}
 
 
 def build(d: DictConfig, request: Request) -> "Examples":

@@ -18,7 +18,7 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from models.spec import DataSpec
-from runner.config.data import request
+from runner.config.data import complete, request
 from runner.data.contract import source_module
 from runner.data.examples import Examples, held_bytes
 
@@ -72,6 +72,7 @@ def build_data(cfg: DictConfig, image_model: bool, replicas: int = 1, measure=Fa
     rss_before = psutil.Process().memory_info().rss
     seed, accum = cfg.trainer.seed, cfg.accum
     batch = cfg.data.batch_size * replicas
+    complete(cfg, image_model)  # what the files say, if validate has not filled it in yet
     examples = source_module(cfg.data.module).build(cfg.data, request(cfg, image_model))
     steps_per_epoch = examples.train_size // (batch * accum)
     if steps_per_epoch < 1:
