@@ -5,6 +5,7 @@ process) or `run(cfg)` in-process where the process is not the point, with a rea
 store; a refused command leaves no store and no run folder, and no data file is changed."""
 
 import hashlib
+import struct
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from runner.config import compose_config, validate
 from runner.train.data import build_data
 from runner.train.pipeline import run
 from tests.conftest import TINY, TINY_TRAINER, run_cli
-from tests.test_data_sources import CLASSES, write_npz
+from tests.test_data_sources import CLASSES, image_examples, write_npz, write_records
 
 # The tiny transformer without its data keys: the length comes from the file.
 TRANSFORMER = [o for o in TINY["transformer"] if not o.startswith("data.")]
@@ -119,3 +120,50 @@ def test_a_text_file_too_short_to_train_on_is_said_with_its_size(tmp_path, conte
         f"seq_len + 1 bytes (130 bytes at data.seq_len=64){said}",
     )
     assert path.read_bytes() == content
+
+
+# --- tfrecord: the classes of small local files are read from their labels --------------------
+
+
+def test_tfrecord_images_take_their_classes_from_the_labels(tmp_path, store):
+    """No data.num_classes: the labels (0, 1, 2) of the files are read once, 3 classes (it
+    stopped with `data.num_classes=0: not allowed; expected the number of label classes`)."""
+    write_records(tmp_path / "a.tfrecord", image_examples(12))
+    write_records(tmp_path / "b.tfrecord", image_examples(12, start=12))
+    before = {p.name: _digest(p) for p in tmp_path.glob("*.tfrecord")}
+    cfg = compose_config([*MOBILENET, "data.image_size=32", "data=tfrecord",
+                          f"data.path={tmp_path}/*.tfrecord", "data.batch_size=4", *TINY_TRAINER,
+                          f"mlflow.tracking_uri={store}"])  # fmt: skip
+    validate(cfg)
+    result = run(cfg)
+    logged = MlflowClient(tracking_uri=store).get_run(result["run_id"])
+    assert logged.info.status == "FINISHED" and result["steps"] == 3
+    assert logged.data.params["data.num_classes"] == str(CLASSES)
+    assert {p.name: _digest(p) for p in tmp_path.glob("*.tfrecord")} == before
+
+
+def _sparse_tfrecord(path, first: bytes, gib: float) -> None:
+    """A TFRecord file of `gib` GiB: a real first record, then one record whose data is a
+    hole (a sparse file: nothing is written to disk)."""
+    with open(path, "wb") as f:
+        f.write(first)
+        length = int(gib * 2**30)
+        f.write(struct.pack("<Q", length) + bytes(4))
+        f.truncate(len(first) + 12 + length + 4)
+
+
+def test_tfrecord_files_over_a_gib_still_need_num_classes(tmp_path):
+    """Over 1 GiB the labels are not read: the one line asks for data.num_classes."""
+    small = write_records(tmp_path / "one.tfrecord", image_examples(1))
+    path = tmp_path / "big.tfrecord"
+    _sparse_tfrecord(path, open(small, "rb").read(), 1.2)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*MOBILENET, "data=tfrecord", f"data.path={path}", f"mlflow.tracking_uri={store}"]
+    done = run_cli(args, cwd=tmp_path, timeout=120)
+    _refused(
+        done,
+        tmp_path,
+        "error: data.num_classes=None: not allowed; expected the number of label classes "
+        f"(>= 2) for a CNN: the labels are read to count them only from files under 1 GiB, "
+        f"and {path} holds 1.2 GiB",
+    )

@@ -287,6 +287,10 @@ def test_a_data_module_that_fails_on_import_is_one_line(custom_module, tmp_path)
 def files(tmp_path, custom_module):
     """One file of each kind, and the current directory where userdata.py is."""
     write_records(tmp_path / "img.tfrecord", image_examples(4))
+    no_label = [{"image": ("bytes", [png(1)])}]
+    write_records(tmp_path / "nolabel.tfrecord", image_examples(1) + no_label)
+    below = [{"image": ("bytes", [png(1)]), "label": ("int64", [-1])}]
+    write_records(tmp_path / "below.tfrecord", image_examples(2) + below)
     write_records(tmp_path / "tok.tfrecord", token_examples(4))
     write_npz(tmp_path / "a.npz", np.zeros((4, SEQ), np.int32), np.zeros(4, np.int32))
     (tmp_path / "t.txt").write_text("text " * 10)
@@ -301,8 +305,12 @@ CHECKED = [  # (overrides, the start of the line, what it says is allowed)
      "data.val_path={d}/v*.tfrecord", "it matches no file"),
     ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord", "data.image_key=png",
       "data.num_classes=3"], "data.image_key=png", "they hold image (bytes), label (int64)"),
-    ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord"], "data.num_classes=0",
-     "the number of label classes (>= 2)"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord", "data.num_classes=1"],
+     "data.num_classes=1", "the number of label classes (>= 2)"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/nolabel.tfrecord"], "data.label_key=label",
+     "one class in every record; record 1 of {d}/nolabel.tfrecord holds no int64 value"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/below.tfrecord"], "data.label_key=label",
+     "the labels of {d}/below.tfrecord reach -1"),
     (["data=tfrecord", "data.path={d}/img.tfrecord"], "data.tokens_key=tokens",
      "they hold image (bytes), label (int64)"),
     (["data=tfrecord", "data.path={d}/tok.tfrecord", "data.seq_len=9"], "data.seq_len=9",

@@ -150,7 +150,9 @@ class TFRecordDataConfig(DataConfig):
     image_key: str = "image"  # CNNs: encoded PNG or JPEG bytes
     label_key: str = "label"  # CNNs: an int64 class in 0..num_classes-1
     tokens_key: str = "tokens"  # transformer: >= seq_len + 1 int64 tokens, next-token targets
-    num_classes: int = 0  # CNNs: the number of label classes (required, >= 2)
+    # CNNs: the number of label classes (>= 2); null: the largest label + 1, read from the
+    # files when under 1 GiB in all (runner/data/tfrecord.py), else required
+    num_classes: int | None = None
     vocab_size: int = 256  # transformer: token ids 0..vocab_size-1
     train_records: int | None = None  # records in path's files; null: counted (lengths only)
 
