@@ -10,8 +10,9 @@ conf dir is the registry. A source module has
 - `build(d, request) -> Examples` (runner/data/examples.py): the raw examples, the map that
   prepares one, the DataSpec. TensorFlow is imported inside the build side's functions.
 Optional: `from_files(d, request) -> dict`, the keys `d` leaves null that the source's files
-say (arrays: data.seq_len, data.image_size), which the config then carries; `errors(d)`, a
-context manager turning an error found only as the pipeline is drawn into one line.
+say (arrays: data.seq_len, data.image_size; tfrecord: data.num_classes), which the config then
+carries (runner/config/data.py); `errors(d)`, a context manager turning an error found only
+as the pipeline is drawn into one line.
 `d` is the job's `data` config; what the source needs of the rest of the job comes in a
 `Request` (runner/data/contract.py). runner/train/data.py makes the pipelines of it.
 """
