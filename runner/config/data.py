@@ -1,4 +1,5 @@
-"""The `data` group's checks: what every source shares, then the source's own.
+"""The `data` group's checks: what every source shares, then the source's own; and the keys
+left null that the source's files say, filled into the job's config (`complete`).
 
 Each `data=` option names its module in its YAML (`module`: runner/data/<option>.py), which
 holds its check and its build; this asks it to check its keys and files, telling it what it
