@@ -2,6 +2,7 @@
 is answered with one line, before TensorFlow is imported."""
 
 import dataclasses
+import json
 import struct
 import subprocess
 import sys
@@ -197,6 +198,35 @@ def test_command_line_check_does_not_import_tensorflow_or_mlflow():
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_each_data_source_is_checked_without_tensorflow(tmp_path):
+    """Every data option's check (its module in runner/data/, named by its YAML) runs before
+    TensorFlow loads: a source module's top level imports neither TensorFlow nor numpy."""
+    jobs = []
+    for option in sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml")):
+        extra = ["model=mobilenet", f"data.path={tmp_path}"] if option == "image_folder" else []
+        jobs.append([f"data={option}", *_data_files(option, tmp_path), *extra])
+    code = (
+        "import importlib, json, sys\n"
+        "from runner.config import compose_config, validate\n"
+        "for overrides in json.loads(sys.argv[1]):\n"
+        "    cfg = compose_config(overrides)\n"
+        "    importlib.import_module(cfg.data.module)\n"
+        "    assert 'numpy' not in sys.modules, cfg.data.module\n"
+        "for overrides in json.loads(sys.argv[1]):\n"
+        "    validate(compose_config(overrides))\n"
+        "heavy = [m for m in ('tensorflow', 'keras') if m in sys.modules]\n"
+        "assert not heavy, f'imported: {heavy}'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(jobs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
 

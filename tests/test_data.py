@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from models.spec import RAW_PIXELS, SIGNED_UNIT
-from runner.train.data import _token_table, build_data
+from runner.data.synthetic import token_table as _token_table
+from runner.train.data import build_data
 from tests.conftest import compose_config, tiny_overrides
 
 
@@ -134,7 +135,7 @@ def _pipeline_memory(overrides: list[str], image_model: bool) -> tuple[int, int,
 
 
 def test_held_bytes_are_what_the_pipeline_keeps_beside_its_micro_batches(tmp_path):
-    # What the estimate's `data` part counts (runner/train/source.py held_bytes): the synthetic
+    # What the estimate's `data` part counts (runner/data/examples.py held_bytes): the synthetic
     # images' templates (20 x 96x96x3 float32, 2.1 MiB), the synthetic tokens' table (1024 x
     # 256 int32, 1 MiB), a folder's decoded images in the shuffle buffer (24 x 64x64x3
     # float32, 1.1 MiB). Each at micro-batch 1, so that the pipeline's 3-5 prefetched

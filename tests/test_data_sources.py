@@ -287,6 +287,10 @@ def test_a_data_module_that_fails_on_import_is_one_line(custom_module, tmp_path)
 def files(tmp_path, custom_module):
     """One file of each kind, and the current directory where userdata.py is."""
     write_records(tmp_path / "img.tfrecord", image_examples(4))
+    no_label = [{"image": ("bytes", [png(1)])}]
+    write_records(tmp_path / "nolabel.tfrecord", image_examples(1) + no_label)
+    below = [{"image": ("bytes", [png(1)]), "label": ("int64", [-1])}]
+    write_records(tmp_path / "below.tfrecord", image_examples(2) + below)
     write_records(tmp_path / "tok.tfrecord", token_examples(4))
     write_npz(tmp_path / "a.npz", np.zeros((4, SEQ), np.int32), np.zeros(4, np.int32))
     (tmp_path / "t.txt").write_text("text " * 10)
@@ -301,15 +305,20 @@ CHECKED = [  # (overrides, the start of the line, what it says is allowed)
      "data.val_path={d}/v*.tfrecord", "it matches no file"),
     ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord", "data.image_key=png",
       "data.num_classes=3"], "data.image_key=png", "they hold image (bytes), label (int64)"),
-    ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord"], "data.num_classes=0",
-     "the number of label classes (>= 2)"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/img.tfrecord", "data.num_classes=1"],
+     "data.num_classes=1", "the number of label classes (>= 2)"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/nolabel.tfrecord"], "data.label_key=label",
+     "one class in every record; record 1 of {d}/nolabel.tfrecord holds no int64 value"),
+    ([*MOBILENET, "data=tfrecord", "data.path={d}/below.tfrecord"], "data.label_key=label",
+     "the labels of {d}/below.tfrecord reach -1"),
     (["data=tfrecord", "data.path={d}/img.tfrecord"], "data.tokens_key=tokens",
      "they hold image (bytes), label (int64)"),
     (["data=tfrecord", "data.path={d}/tok.tfrecord", "data.seq_len=9"], "data.seq_len=9",
      "at most 8"),
     (["data=arrays", "data.path={d}/a.npz", "data.x_key=pixels"], "data.x_key=pixels",
      "an array of {d}/a.npz: x, y"),
-    (["data=arrays", "data.path={d}/a.npz"], "data.seq_len=64", "8, the length of"),
+    (["data=arrays", "data.path={d}/a.npz", "data.seq_len=64"], "data.seq_len=64",
+     "8, the length of"),
     ([*MOBILENET, "data=arrays", "data.path={d}/a.npz"], "data.x_key=x",
      "images [N, H, W] or [N, H, W, 1|3]; it is [4, 8]"),
     ([*MOBILENET, "data=text", "data.path={d}/t.txt"], "data=text", "model=transformer"),
@@ -412,12 +421,12 @@ def test_tfrecord_setup_rss_stays_flat_as_the_file_grows_arrays_grow(tmp_path):
     shown = {f"{source} {scale}x": round(v / 2**20, 1) for (source, scale), v in rss.items()}
     print("data setup RSS growth (MiB):", shown)
     assert rss[("tfrecord", 4)] <= 1.2 * rss[("tfrecord", 1)]
-    # Arrays: the 3x more pixels show, one copy of them (runner/train/sources.py).
+    # Arrays: the 3x more pixels show, one copy of them (runner/data/arrays.py).
     assert rss[("arrays", 4)] - rss[("arrays", 1)] >= 0.8 * 3 * RSS_IMAGES * 3072
 
 
 def test_every_kth_split_is_disjoint_and_complete():
-    from runner.train.sources import every_kth, split_every_kth
+    from runner.data.examples import every_kth, split_every_kth
 
     train, val = split_every_kth(tf.data.Dataset.range(12), 5)
     assert list(val.as_numpy_iterator()) == [0, 5, 10]

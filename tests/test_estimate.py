@@ -110,7 +110,7 @@ def test_accumulation_buffer(accum, copies):
 
 @pytest.mark.usefixtures("fresh_session")
 def test_what_the_pipeline_holds_counts_on_a_cpu_not_on_a_gpu():
-    # The data part (what runner/train/data.py's held_bytes says the pipeline keeps) and the
+    # The data part (what runner/data/examples.py's held_bytes says the pipeline keeps) and the
     # input micro-batches: on a GPU the pipeline's buffers are host memory, and the device
     # holds the step's own micro-batch only.
     model, opt, cfg, _ = built("mobilenet")

@@ -12,6 +12,7 @@ LIMIT = 300
 # higher one's. `models` sits beside `runner.core`: it imports no tfmemlab package.
 LAYERS = [
     ("models", "runner.core"),
+    ("runner.data",),
     ("runner.config",),
     ("runner.techniques",),
     ("runner.measure",),

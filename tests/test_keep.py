@@ -19,10 +19,10 @@ from mlflow.tracking import MlflowClient
 from runner.config import compose_config
 from runner.track import compare
 from runner.track.client import scratch_store
+from runner.track.commit import source_tags
 from runner.track.datasets import digest, log_datasets
 from runner.track.model import FILE, custom_objects, keep_model, load
 from runner.track.model import main as model_command
-from runner.track.source import source_tags
 from runner.track.tracker import PENDING, Tracker, WorkerTracker
 from runner.train import run
 from runner.train.data import build_data

@@ -106,7 +106,11 @@ class DistributionConfig:
 
 @dataclass
 class DataConfig:
+    """What every data source reads. Each `data=` option extends it (stored as base_<name>
+    by runner.config.store) and names in its YAML the module that checks and builds it."""
+
     name: str = MISSING
+    module: str | None = None  # its YAML names the source's module: runner.data.<name>
     batch_size: int = 32  # the micro-batch fed per step; accum multiplies it
     image_size: int = 32  # CNNs: images are resized to image_size x image_size x 3
     seq_len: int = 64  # transformer: tokens per example
@@ -146,7 +150,9 @@ class TFRecordDataConfig(DataConfig):
     image_key: str = "image"  # CNNs: encoded PNG or JPEG bytes
     label_key: str = "label"  # CNNs: an int64 class in 0..num_classes-1
     tokens_key: str = "tokens"  # transformer: >= seq_len + 1 int64 tokens, next-token targets
-    num_classes: int = 0  # CNNs: the number of label classes (required, >= 2)
+    # CNNs: the number of label classes (>= 2); null: the largest label + 1, read from the
+    # files when under 1 GiB in all (runner/data/tfrecord.py), else required
+    num_classes: int | None = None
     vocab_size: int = 256  # transformer: token ids 0..vocab_size-1
     train_records: int | None = None  # records in path's files; null: counted (lengths only)
 
@@ -157,6 +163,9 @@ class ArraysDataConfig(DataConfig):
 
     name: str = "arrays"
     path: str = MISSING  # an .npz file
+    image_size: int | None = None  # images; null: their size in the file (at least 32 for a
+    # keras.applications model, which refuses smaller inputs)
+    seq_len: int | None = None  # tokens; null: the length of the token arrays
     x_key: str = "x"  # images [N, H, W(, C)] or tokens [N, seq_len]
     y_key: str = "y"  # labels [N], or per-token targets [N, seq_len]
     val_fraction: float = 0.2

@@ -8,21 +8,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config.model import name_model
 from runner.config.schema import (
-    ArraysDataConfig,
     CheckpointingConfig,
     Config,
-    CustomDataConfig,
-    DigitsDataConfig,
+    DataConfig,
     DistributionConfig,
     EfficientNetConfig,
-    ImageFolderDataConfig,
     KerasAppConfig,
     MobileNetConfig,
     PrecisionConfig,
     PruningConfig,
-    SyntheticDataConfig,
-    TextDataConfig,
-    TFRecordDataConfig,
     TrainerConfig,
     TransformerConfig,
 )
@@ -62,16 +56,12 @@ def register_configs() -> None:
         ("checkpointing", "base_checkpointing", CheckpointingConfig),
         ("pruning", "base_pruning", PruningConfig),
         ("distribution", "base_distribution", DistributionConfig),
-        ("data", "base_synthetic", SyntheticDataConfig),
-        ("data", "base_digits", DigitsDataConfig),
-        ("data", "base_image_folder", ImageFolderDataConfig),
-        ("data", "base_tfrecord", TFRecordDataConfig),
-        ("data", "base_arrays", ArraysDataConfig),
-        ("data", "base_text", TextDataConfig),
-        ("data", "base_custom", CustomDataConfig),
         ("trainer", "base_trainer", TrainerConfig),
     ]:
         cs.store(group=group, name=name, node=node)
+    # Every data source's schema, under the name its YAML extends: a new source needs no line here.
+    for node in DataConfig.__subclasses__():
+        cs.store(group="data", name=f"base_{node.name}", node=node)
 
 
 def search_path(config_dir: str | Path | None) -> list[str]:

@@ -1,7 +1,9 @@
 """The checks Hydra's types cannot express: ranges, choices and keys that depend on each other.
 
 `validate(cfg)` raises ConfigError for the first bad value, whose one-line message names the
-key, the bad value and what is allowed. Cheap, and free of TensorFlow.
+key, the bad value and what is allowed; then it sets the data keys left null that the data's
+files say (runner/config/data.py). Free of TensorFlow, and cheap but for a user's data files:
+their headers, and the labels of TFRecord images without data.num_classes (under 1 GiB).
 """
 
 import re
@@ -11,18 +13,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from models.spec import ATTENTION_KINDS, EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
-from runner.config.data_checks import check_data_source
+from runner.config.data import validate_data
 from runner.config.model import (
     INPUT_KINDS,
     KERAS_APP,
     check_keras_app,
     check_target,
     is_target,
-    takes_images,
 )
 from runner.config.schema import (
     CHECKPOINTING_POLICIES,
-    IMAGE_MODELS,
     JIT_CHOICES,
     OPTIMIZERS,
     POLICIES,
@@ -88,12 +88,6 @@ def _validate_model(cfg: DictConfig) -> None:
         _require(0.0 <= drop < 1.0, "model.dropout", drop, "a number in [0, 1)")
         _check_choice(cfg, "model.attention", ATTENTION_KINDS)
         _check_min(cfg, "model.attention_block", 1)  # an int: the schema says so
-        _require(
-            cfg.data.name != "image_folder",
-            "data",
-            cfg.data.name,
-            "token data for model=transformer (synthetic, digits, tfrecord, arrays, text, custom)",
-        )
     elif name == "mobilenet":
         _check_choice(cfg, "model.version", MOBILENET_VERSIONS)
         _require(cfg.model.alpha > 0, "model.alpha", cfg.model.alpha, "a number > 0")
@@ -106,52 +100,6 @@ def _validate_model(cfg: DictConfig) -> None:
         weights,
         "null or the path of an existing weights file",
     )
-
-
-def _validate_data(cfg: DictConfig) -> None:
-    _check_min(cfg, "data.batch_size", 1)
-    _check_min(cfg, "data.shuffle_buffer", 1)
-    if takes_images(cfg):
-        # keras.applications refuse inputs smaller than 32x32; a model of one's own may not.
-        shipped = cfg.model.get("name") in IMAGE_MODELS or cfg.model.get("_target_") == KERAS_APP
-        _check_min(cfg, "data.image_size", 32 if shipped else 1)
-    else:
-        _check_min(cfg, "data.seq_len", 2)
-    if cfg.data.name == "synthetic":
-        for key in ("data.num_classes", "data.vocab_size"):
-            _check_min(cfg, key, 2)
-        per_step = cfg.data.batch_size * (1 if cfg.accum == "auto" else cfg.accum)
-        _require(
-            cfg.data.train_samples >= per_step,
-            "data.train_samples",
-            cfg.data.train_samples,
-            f"at least one optimizer step of data (data.batch_size x accum = {per_step})",
-        )
-        _check_min(cfg, "data.val_samples", 1)
-    else:
-        if cfg.data.name == "digits" and not takes_images(cfg):
-            _require(
-                cfg.data.seq_len == 64,
-                "data.seq_len",
-                cfg.data.seq_len,
-                "64 for data=digits (its 8x8 pixels are the tokens)",
-            )
-        _require(
-            0.0 < cfg.data.val_fraction < 1.0,
-            "data.val_fraction",
-            cfg.data.val_fraction,
-            "a number in (0, 1)",
-        )
-    if cfg.data.name == "image_folder" and is_target(cfg.model):
-        _require(takes_images(cfg), "model.input_kind", "tokens", "image for data=image_folder")
-    if cfg.data.name == "image_folder":
-        _require(
-            Path(cfg.data.path).is_dir(),
-            "data.path",
-            cfg.data.path,
-            "an existing directory with one sub-folder of images per class",
-        )
-    check_data_source(cfg)
 
 
 def _validate_trainer(cfg: DictConfig) -> None:
@@ -276,7 +224,7 @@ def _validate_distribution(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first bad value; cheap, no TensorFlow."""
+    """Raise ConfigError for the first bad value; then fill in what the data's files say."""
     _validate_accum_and_plan(cfg)
     _check_choice(cfg, "precision.policy", POLICIES)
     _check_choice(cfg, "checkpointing.policy", CHECKPOINTING_POLICIES)
@@ -284,7 +232,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_pruning(cfg)
     _validate_distribution(cfg)
     _validate_model(cfg)
-    _validate_data(cfg)
+    validate_data(cfg)
     _validate_trainer(cfg)
     _check_min(cfg, "profile.steps", 1)
     _check_min(cfg, "profile.repeats", 1)

@@ -2,10 +2,12 @@
 
 Which files a path or glob names; how many records a TFRecord file holds, from the records'
 length fields only (the data itself is seeked over, never held); the features of a TFRecord
-file's first record (a tf.train.Example read from the protobuf wire format by hand); and the
-arrays of an .npz file, from their headers only. (A `_target_`'s module: runner/core/targets.py.)
+file's first record (a tf.train.Example read from the protobuf wire format by hand), and the
+range of an int64 feature over every record (a label: the classes); and the arrays of an .npz
+file, from their headers only. (A `_target_`'s module: runner/core/targets.py.)
 """
 
+import functools
 import glob
 import os
 import struct
@@ -111,6 +113,68 @@ def first_features(path: str) -> dict[str, tuple[str, int]]:
                         count = _count_values(kind, body)
             found[name] = (kind, count)
     return found
+
+
+def _int64s(body) -> list[int]:
+    """The values of an Int64List (packed or not), as signed 64-bit integers."""
+    values = []
+    for _, wire, value in _fields(body):
+        if wire == 2:  # packed varints
+            i = 0
+            while i < len(value):
+                v, i = _varint(value, i)
+                values.append(v)
+        else:
+            values.append(value)
+    return [v - (1 << 64) if v >= 1 << 63 else v for v in values]
+
+
+def _int64_feature(example, name: bytes) -> list[int] | None:
+    """The values of the int64 feature `name` of a serialized tf.train.Example; None when it
+    has no such feature, or one of another kind."""
+    for number, _, features in _fields(example):
+        if number != 1:  # Example.features
+            continue
+        for _, _, entry in _fields(features):  # Features.feature: map<string, Feature>
+            key, feature = b"", None
+            for field, _, value in _fields(entry):
+                if field == 1:
+                    key = bytes(value)
+                elif field == 2:
+                    feature = value
+            if key == name and feature is not None:
+                for which, _, body in _fields(feature):
+                    return _int64s(body) if which == 3 else None  # Feature.int64_list
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _one_int64_range(path: str, name: str, size: int, mtime_ns: int) -> tuple[int, int] | None:
+    """(smallest, largest) of the feature over the file's records; None for no record. The
+    file's size and time are the cache's key: the check and the build read it once."""
+    found = None
+    with open(path, "rb") as f:
+        for index, (offset, length) in enumerate(_records(path)):
+            f.seek(offset)
+            values = _int64_feature(memoryview(f.read(length)), name.encode())
+            if values is None or len(values) != 1:
+                held = "no int64 value" if values is None else f"{len(values)} values"
+                raise ValueError(f"record {index} of {path} holds {held} under it")
+            (v,) = values
+            found = (v, v) if found is None else (min(found[0], v), max(found[1], v))
+    return found
+
+
+def int64_range(paths: list[str], name: str) -> tuple[int, int] | None:
+    """(smallest, largest) value of the int64 feature `name`, one value per record, over every
+    record of these TFRecord files (each record parsed, none kept); None when they hold no
+    record. ValueError naming the first record without exactly one value."""
+    ranges = []
+    for path in paths:
+        stat = os.stat(path)
+        ranges.append(_one_int64_range(path, name, stat.st_size, stat.st_mtime_ns))
+    ranges = [r for r in ranges if r is not None]
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
 
 
 def npz_arrays(path: str) -> dict[str, tuple[tuple, Any]]:

@@ -241,7 +241,7 @@ def estimate_memory(
         # A step that chooses new masks holds their choice once its update has run, when the
         # activations and gradients are gone: what it holds beyond them, if more.
         "mask_choice": None if choice is None else max(0, choice),
-        # The input pipeline's tables, arrays and shuffle buffer (runner/train/source.py),
+        # The input pipeline's tables, arrays and shuffle buffer (runner/data/examples.py),
         # kept for the whole run in the allocator a CPU trains with.
         "data": 0 if on_gpu else spec.held_bytes,
         "activations": activations,

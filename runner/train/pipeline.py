@@ -3,7 +3,7 @@
 seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
 train loop -> evaluate -> report -> keep (the datasets with their digests, the trained model:
 runner/track/datasets.py, runner/track/model.py; the code's commit is tagged at setup,
-runner/track/source.py). accum=auto is decided before this (runner/plan/auto.py,
+runner/track/commit.py). accum=auto is decided before this (runner/plan/auto.py,
 which run.py calls), and a sweep's job is handed the tags that place it under its sweep.
 """
 
@@ -31,20 +31,19 @@ from runner.report import pruning as pruning_report
 from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
+from runner.track.commit import source_tags
 from runner.track.datasets import Tap, log_datasets
 from runner.track.lifecycle import log_config, mlflow_run
 from runner.track.model import input_example, keep_model
-from runner.track.source import source_tags
 from runner.track.tracker import WorkerTracker
 from runner.train import batchnorm, device, rundir
 from runner.train.checkpoint import keep_restorable
-from runner.train.data import build_data
+from runner.train.data import build_data, source_errors
 from runner.train.faults import training_fault
 from runner.train.job import Built, Job, build, train_state
 from runner.train.loop import Steps, evaluate, train
 from runner.train.optimizer import make_eval_step, resolve_jit
 from runner.train.signals import StopOnSignal
-from runner.train.sources import short_records
 
 
 def _overrides() -> list[str]:
@@ -261,7 +260,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
         _note(notes, precision.note(cfg.precision, job.device))
         # Under a strategy its scope places the variables and strategy.run the steps.
         where = tf.device(job.device) if job.strategy is None else contextlib.nullcontext()
-        with precision.policy(cfg.precision), where, short_records(cfg):
+        with precision.policy(cfg.precision), where, source_errors(cfg):
             figures, sources, history, table = _job(job, notes)
         seconds = time.perf_counter() - started
         shown = job.device

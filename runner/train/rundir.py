@@ -178,6 +178,8 @@ def locate(resume: str, overrides: list[str]) -> ResumePoint:
         )
     if "mlflow" in config:  # the resumed job logs with this command's login
         config.mlflow.tracking_uri = uri
+    if "data" in config and "module" not in config.data:  # saved before data.module was a key
+        config.data.module = f"runner.data.{config.data.name}"
     return ResumePoint(run_dir, record["run_id"], uri, record["job"], config)
 
 
