@@ -84,11 +84,12 @@ def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> step_timeline
     ScheduleReady: a node's single ready successor runs inline): as many gradients at once as
     inter-op threads compute weight gradients, a bound. **Measured** on a stack of two 16 MiB
     kernels, 2 threads, the profiler's requested bytes: 17.5 MiB (one) or 32.0 (both) alone,
-    32.0 in every call beside two busy processes (tests/test_conv_scratch.py). A loss-scaled accum=1 step waits for every gradient to check
-    it, a step under a strategy for their all-reduce (all_reduce_pack): each is held from
-    its backward on, and once the backward has ended all of them with their copies,
-    `gradients` (estimate._gradient_bytes: Executor.waits_for). Convolutions take
-    conv_scratch's buffers on a CPU without XLA or oneDNN."""
+    32.0 in every call beside two busy processes (tests/test_conv_scratch.py). A loss-scaled
+    accum=1 step waits for every gradient to check it, a step under a strategy for their
+    all-reduce (all_reduce_pack): each is held from its backward on, and once the backward
+    has ended all of them with their copies, `gradients` (estimate._gradient_bytes:
+    Executor.waits_for). Convolutions take conv_scratch's buffers on a CPU without XLA or
+    oneDNN."""
     threading = tf.config.threading
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     waits = scaled or replicated(cfg)  # every gradient before any update
@@ -126,9 +127,9 @@ def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False
     buffers as an accum=1 update holds with its gradient (1 + UPDATE_BUFFERS).
     **Measured** (the profiler's requested bytes, 2 inter-op threads, the most of 6 calls):
     two 16 MiB kernels (33.6 MiB of weights) 64.0-65.7 MiB alone and beside two busy
-    processes, the bound 65.6; sixteen 1 MiB kernels 11.0 MiB in every call beside a busy
-    process (eleven buffers: nine waiting, two in chains), the bound 18.1, where `slots`
-    updates each with its gradient and two buffers count 6 (tests/test_conv_scratch.py). An
+    processes, the bound 65.6; fifteen 1 MiB kernels 7-12 MiB (at 11 MiB, eleven buffers:
+    nine waiting, two in chains), the bound 17.4, where `slots` updates each with its
+    gradient and two buffers count 6 (tests/test_conv_scratch.py). An
     accum=1 step does not gather them: its updates start one by one as the backward makes
     their gradients (executor). A loss-scaled step
     first divides every sum by the scale, and those float32 quotients are all alive before
