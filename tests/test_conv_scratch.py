@@ -82,6 +82,15 @@ print("RESULT " + json.dumps(out))
 def test_the_executor_rules_hold_the_measured_step():
     r = onednn_off_result(SCRIPT, timeout=300)
     assert r["onednn"] is False  # the switch conv_scratch reads follows the variable
+    # what a failure, or `-rP`, shows of the run: each figure over its rule
+    mib = 2**20
+    print(
+        f"cnn {r['cnn'] / r['cnn_rule']:.3f}; most of 6 over the rule: "
+        f"mlp {max(r['mlp']) / r['mlp_rule']:.3f}, micro {max(r['micro']) / r['micro_rule']:.3f},"
+        f" update {max(r['update']) / r['update_rule']:.3f}, fifteen kernels' update "
+        f"{max(r['deep_update']) / r['deep_update_rule']:.3f} ({max(r['deep_update']) / mib:.1f}"
+        f" MiB); micro's least {min(r['micro']) / mib:.1f} MiB"
+    )
     # The convolutions: the scratch is most of the step, and the rule holds it. Each filter
     # gradient's buffer is counted during its own backward; in some runs the executor ran the
     # two filter gradients at once (13.5 + 23.0 MiB: 1.45-1.52x the rule, more often beside
