@@ -125,20 +125,21 @@ def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False
     variables' at worst, and under Adam every variable may hold its update's waiting buffer
     (MEETING_BRANCHES) beside them. Other optimizers: `slots` updates, each holding as many
     buffers as an accum=1 update holds with its gradient (1 + UPDATE_BUFFERS).
-    **Measured** (the profiler's requested bytes, 2 inter-op threads, the most of 6 calls):
-    two 16 MiB kernels (33.6 MiB of weights) 64.0-65.7 MiB alone and beside two busy
-    processes, the bound 65.6; fifteen 1 MiB kernels 7-12 MiB (at 11 MiB, eleven buffers:
-    nine waiting, two in chains), the bound 17.4, where `slots` updates each with its
-    gradient and two buffers count 6 (tests/test_conv_scratch.py). An
+    **Measured** (the profiler's requested bytes above the resting state, 2 inter-op threads,
+    the most of 6 calls): two 16 MiB kernels (33.6 MiB of weights) 64.0-65.7 MiB alone and
+    beside two busy processes, the bound 65.6; fifteen 1 MiB kernels 7-12 MiB (at 11 MiB,
+    eleven buffers: nine waiting, two in chains), the bound 17.4, where `slots` updates each
+    with its gradient and two buffers count 6 (tests/test_conv_scratch.py); the tests' tiny
+    EfficientNetB0 (32 px, batch 4) 10.1-11.6 MiB, the bound 18.3, the old rule 8.9. An
     accum=1 step does not gather them: its updates start one by one as the backward makes
-    their gradients (executor). A loss-scaled step
-    first divides every sum by the scale, and those float32 quotients are all alive before
-    the update, which frees each as it consumes it: the call holds them or the buffers,
-    whichever is more (measured on the same stack in float16: +64-72 MiB, quotients 64).
-    Under a strategy (replicated) the sums are all-reduced first: the all-reduce holds their
-    pack (all_reduce_pack) and its result, then the updates' buffers run beside the result
-    (measured on 2 logical CPUs, a replica's share of the call: 29-37 MiB on a Dense stack of
-    16 MiB, the rule 34; 128-130 on one of 64 MiB)."""
+    their gradients (executor). A loss-scaled step first divides every sum by the scale, and
+    those float32 quotients are all alive before the update, which frees each as it consumes
+    it: the call holds them or the buffers, whichever is more (measured on the two-kernel
+    stack in float16: +64-72 MiB, quotients 64). Under a strategy (replicated) the sums are
+    all-reduced first: the all-reduce holds their pack (all_reduce_pack) and its result, then
+    the updates' buffers run beside the result (measured on 2 logical CPUs, a replica's share
+    of the call: 29-37 MiB on a Dense stack of 16 MiB, the rule 34; 128-130 on one of 64
+    MiB)."""
     sizes = float32_sizes(trainable)
     name = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
     everything = sum(sizes)
