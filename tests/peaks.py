@@ -62,29 +62,31 @@ def step_peak(model, x, y, optimizer=None, peak=None) -> int:
     return (peak or least_peak)(lambda: step(x, y).numpy())
 
 
-def accumulating_peaks(model, x, y, optimizer, pick=min, calls_each: int = 3) -> tuple[int, int]:
-    """(micro-batch call's peak, update call's peak) of accumulation.py's step at accum=2 above
-    the allocator's resting state: its two compiled calls, taken from the step's closure, each
-    measured apart (`pick`, the least unless given, of `calls_each` calls, after a warm-up
-    step)."""
+def accumulating_calls(model, x, y, optimizer):
+    """(micro-batch call, update call) of accumulation.py's step at accum=2, each a function
+    that runs its compiled call and waits for it, taken from the step's closure after a warm-up
+    step."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer.build(model.trainable_variables)
     step = accumulation.make_train_step(model, optimizer, loss_fn, 2, False)
     step(iter([(x, y)] * 2))
     cells = [c.cell_contents for c in step.__closure__]
     calls = dict(zip(step.__code__.co_freevars, cells, strict=True))
-    micro, update = [], []
-    for _ in range(calls_each):
-        for first in calls["firsts"]:
-            tf.config.experimental.reset_memory_stats("CPU:0")
-            rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-            calls["add_micro_batch"](x, y, first).numpy()
-            micro.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        rest = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        calls["apply_sum"]([tf.constant(0.0)] * 2)[0].numpy()
-        update.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - rest)
-    return pick(micro), pick(update)
+    return (
+        lambda: calls["add_micro_batch"](x, y, calls["firsts"][1]).numpy(),
+        lambda: calls["apply_sum"]([tf.constant(0.0)] * 2)[0].numpy(),
+    )
+
+
+def accumulating_peaks(model, x, y, optimizer, pick=min, calls_each: int = 3) -> tuple[int, int]:
+    """(micro-batch call's peak, update call's peak) of accumulation.py's step at accum=2 above
+    the allocator's resting state (accumulating_calls), each measured apart (`pick`, the least
+    unless given, of `calls_each` calls)."""
+    micro, update = accumulating_calls(model, x, y, optimizer)
+    return (
+        least_peak(micro, pick=pick, calls=calls_each),
+        least_peak(update, pick=pick, calls=calls_each),
+    )
 
 
 def least_peak(compute, pick=min, calls: int = 3) -> int:
@@ -114,6 +116,23 @@ def requested_peak(compute) -> int:
     (the profiler's memory events of one call, after a warm-up call): what its tensors hold,
     without the chunks' rounding."""
     compute()
+    return _traced_peak(compute)
+
+
+def requested_peaks(compute, calls: int = 6) -> list[int]:
+    """Requested bytes above the resting state at the peak of each of `calls` calls, after one
+    warm-up call: as the allocator's peak counts it (a buffer made before the call and freed
+    in it, such as a variable's old buffer an update replaces, is subtracted when it goes), in
+    requests, not chunks. For a rule that bounds what the executor may hold at once, their
+    most (which calls reach it is the executor's timing); for one that says what every call
+    must hold, their least."""
+    compute()
+    return [_traced_peak(compute, net=True) for _ in range(calls)]
+
+
+def _traced_peak(compute, net: bool = False) -> int:
+    """The live requested bytes' maximum over one traced call of `compute()`: of the tensors
+    the call made, or (net) above what was alive when it started."""
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
         compute()
@@ -140,6 +159,6 @@ def requested_peak(compute) -> int:
             live[addr] = requested
             now += requested
             top = max(top, now)
-        else:  # a tensor made before the traced call is not counted when it goes
-            now -= live.pop(addr, 0)
+        else:  # a tensor made before the traced call is counted when it goes only if net
+            now -= live.pop(addr, requested if net else 0)
     return top

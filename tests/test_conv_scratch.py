@@ -4,8 +4,11 @@ the allocator's measured peak of a step in a fresh process that pins what they d
   sized to a 30 MiB working set, whatever the batch (runner/measure/conv_scratch.py);
 - weight gradients are applied as they come, by as many updates at once as the executor has
   inter-op threads (2 here), each holding its gradient and Adam's two buffers; in an
-  accumulating step's micro-batch each is added into its sum as it comes (one at a time), and
-  the update's own call holds as many updates' buffers (runner/measure/steps.py).
+  accumulating step's micro-batch each is added into its sum on the thread that computed it
+  (as many at once as threads), and the update's own call holds a waiting buffer of every
+  variable beside the threads' chains (runner/measure/steps.py). These are bounds: each is
+  held against the most of 6 calls, read in requested bytes above the resting state
+  (tests/peaks.py requested_peaks).
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
 1 MiB, and the Dense stack's gradients alone are a third of what its step holds."""
 
@@ -13,10 +16,9 @@ import pytest
 
 from tests.conftest import onednn_off_result
 
-# Serial (run alone, after the others): its rules say which updates the executor runs at
-# once with two inter-op threads, and beside the suite's other worker that timing moved the
-# figures past their bounds in CI runs
-# (the update call at 1.135 of its bound at d4dbd6a, 0.35 at aaad562).
+# Serial (run alone, after the others): its figures are the executor's timing, which the
+# suite's other worker moves (the update call at 1.135 of its old rule at d4dbd6a, 0.35 at
+# aaad562); the rules are bounds since they were measured beside two busy processes.
 pytestmark = pytest.mark.serial
 
 
@@ -26,9 +28,10 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
+from omegaconf import OmegaConf
 from runner.measure import backward, conv_scratch, step_timeline, steps
 from runner.techniques.checkpointing import RematInfo
-from tests.peaks import accumulating_peaks, dense_stack, grow_pool, most_peak, step_peak
+from tests.peaks import accumulating_calls, dense_stack, grow_pool, requested_peaks, step_peak
 
 grow_pool()
 out = {"onednn": conv_scratch.onednn()}
@@ -45,21 +48,33 @@ for name, executor in [("cnn_rule", step_timeline.Executor(conv_threads=threads)
     kept, work, _ = backward.walk_step(cnn, b, 4, RematInfo(), executor)
     out[name] = kept + work
 
+# The Dense stacks' steps read in requested bytes (the profiler's memory events), 6 calls each:
+# these rules say which tensors the executor holds at once, not which chunks the allocator
+# hands out (tests/peaks.py); the allocator's share is the estimate's own term.
+float32 = {"precision": {"policy": "float32"}, "distribution": {"strategy": "none"}}
+one, two = (OmegaConf.create({"accum": a, **float32}) for a in (1, 2))
 mlp = dense_stack(3, 2048, 192)
 x, y = tf.random.normal((1, 192)), tf.zeros((1,), tf.int32)
-out["mlp"] = step_peak(mlp, x, y, keras.optimizers.Adam(1e-3), peak=most_peak)
-out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
-kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), step_timeline.Executor(2, 3))
-out["mlp_rule"] = kept + work + grads
-# The same stack in an accumulating step: each gradient added into its sum as it comes (a
-# floor: the least of 3 calls), then the update's call (a bound: the most of 6).
 adam = keras.optimizers.Adam(1e-3)
-out["micro"] = accumulating_peaks(mlp, x, y, adam)[0]
-out["update"] = accumulating_peaks(mlp, x, y, adam, pick=max, calls_each=6)[1]
-kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), step_timeline.Executor(1, 1))
+out["mlp"] = step_peak(mlp, x, y, adam, peak=requested_peaks)
+out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
+kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), steps.executor(adam, one, False))
+out["mlp_rule"] = kept + work + grads
+# The same stack in an accumulating step: a micro-batch adds each gradient into its sum as it
+# comes, the update's own call applies the sums.
+adam = keras.optimizers.Adam(1e-3)
+micro, update = accumulating_calls(mlp, x, y, adam)
+out["micro"], out["update"] = requested_peaks(micro), requested_peaks(update)
+kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), steps.executor(adam, two, False))
 out["micro_rule"] = kept + work + grads
+out["largest"] = max(v.numpy().size * 4 for v in mlp.trainable_variables)
 out["update_rule"] = steps.update_call_bytes(mlp.trainable_variables, adam, 2)
-out["update_one"] = steps.update_call_bytes(mlp.trainable_variables, adam, 1)
+# Fifteen 1 MiB kernels: many more updates than threads in the update's call.
+deep = dense_stack(16, 512, 192)
+adam = keras.optimizers.Adam(1e-3)
+out["deep_update"] = requested_peaks(accumulating_calls(deep, x, y, adam)[1])
+out["deep_update_rule"] = steps.update_call_bytes(deep.trainable_variables, adam, 2)
+out["deep_largest"] = max(v.numpy().size * 4 for v in deep.trainable_variables)
 print("RESULT " + json.dumps(out))
 """
 
@@ -67,6 +82,15 @@ print("RESULT " + json.dumps(out))
 def test_the_executor_rules_hold_the_measured_step():
     r = onednn_off_result(SCRIPT, timeout=300)
     assert r["onednn"] is False  # the switch conv_scratch reads follows the variable
+    # what a failure, or `-rP`, shows of the run: each figure over its rule
+    mib = 2**20
+    print(
+        f"cnn {r['cnn'] / r['cnn_rule']:.3f}; most of 6 over the rule: "
+        f"mlp {max(r['mlp']) / r['mlp_rule']:.3f}, micro {max(r['micro']) / r['micro_rule']:.3f},"
+        f" update {max(r['update']) / r['update_rule']:.3f}, fifteen kernels' update "
+        f"{max(r['deep_update']) / r['deep_update_rule']:.3f} ({max(r['deep_update']) / mib:.1f}"
+        f" MiB); micro's least {min(r['micro']) / mib:.1f} MiB"
+    )
     # The convolutions: the scratch is most of the step, and the rule holds it. Each filter
     # gradient's buffer is counted during its own backward; in some runs the executor ran the
     # two filter gradients at once (13.5 + 23.0 MiB: 1.45-1.52x the rule, more often beside
@@ -74,22 +98,32 @@ def test_the_executor_rules_hold_the_measured_step():
     # the bound is 1.6. Without the rule the ratio is above 20.
     assert r["cnn"] > 4 * r["cnn_without"], r
     assert 0.85 <= r["cnn"] / r["cnn_rule"] <= 1.6, r
-    # The Dense stack: two 16 MiB kernels update at once, each with its gradient and two
-    # buffers (96 MiB), where all gradients at once would be 34 MiB. How far the two updates
-    # overlap is the executor's choice (a single call read 64-96 MiB), so the rule is a bound,
-    # held against the most of 6 calls (tests/peaks.py most_peak): 0.999 in three runs beside
-    # two busy processes.
-    assert r["mlp"] > 1.8 * r["mlp_grads"], r
-    assert 0.85 <= r["mlp"] / r["mlp_rule"] <= 1.05, r
-    # Accumulating: a micro-batch holds one gradient at a time (16 MiB; measured 17.5 MiB in
-    # all), not all of them (34 MiB) nor their update's buffers. Beside the other xdist worker
-    # a fresh-clone CI run read 25.8 MiB (1.53x): the executor computed the next gradient
-    # before the previous one's add had run. The rule is the least the step holds, so the
-    # bound is 1.6. The update's call: as many updates at once as the executor chooses, one
-    # or two (the rule the estimate uses, 96 MiB, is two: a bound as the accum=1 step's). Held
-    # against the most of 6 calls: 0.667 of two in three runs beside two busy processes (one
-    # update and a third of another); CI's serial stage at c1b3717 read one update exactly
-    # (48.0 MiB, 1.000x one, 0.500x two). So the call lies between one update's buffers and
-    # two's; counting the gradients alone (32 MiB for two) would fail the upper bound.
-    assert 0.85 <= r["micro"] / r["micro_rule"] <= 1.6, r
-    assert 0.95 * r["update_one"] <= r["update"] <= 1.05 * r["update_rule"], r
+    # The Dense stacks' rules are bounds on what the executor may hold at once
+    # (runner/measure/steps.py): held against the most of 6 calls, and each must be reached
+    # in some call, or the bound says nothing. Which calls reach it is the executor's timing:
+    # beside two busy processes more calls did.
+    # accum=1, two 16 MiB kernels: two updates at once, each its gradient and Adam's two
+    # buffers (96 MiB), where all gradients at once would be 34 MiB: 80-96 MiB a call, the
+    # most 96.0 in every run here. Issue 48's 1.135 (109 MiB in the allocator's chunks, no sum
+    # of 16 MiB buffers) was most likely a chunk larger than its request; not reproduced. On
+    # five 4 MiB kernels the same rule read 6.0 kernels in every call, alone and beside a busy
+    # process.
+    assert r["mlp_rule"] > 2.8 * r["mlp_grads"], r
+    assert 0.85 <= max(r["mlp"]) / r["mlp_rule"] <= 1.05, r
+    # Accumulating: a micro-batch adds each gradient into its sum on the thread that computed
+    # it, so as many gradients are alive as threads compute them: 17.5 MiB (one) or 32.0
+    # (both) alone, 32.0 in every call beside two busy processes (where the one-at-a-time
+    # rule read 1.90 in the allocator's chunks). Every call holds at least one gradient.
+    assert max(r["micro"]) <= 1.05 * r["micro_rule"], r
+    assert min(r["micro"]) >= r["largest"], r
+    # The update's call: every update's first operations are ready when it starts, so every
+    # variable may hold a buffer waiting for its other branch beside the two threads'
+    # chains: 64.0-65.7 MiB (the bound 65.6), 48.0 at the least; fifteen 1 MiB kernels 7-12
+    # MiB (the bound 17.4; two updates with their gradients, the old rule, 6). The least a
+    # call holds is one update's two branches.
+    assert 0.6 <= max(r["update"]) / r["update_rule"] <= 1.05, r
+    assert min(r["update"]) >= 2 * r["largest"], r
+    # Fifteen 1 MiB kernels reach the bound in fewer calls (7-12 MiB of 17.4), but more than
+    # two updates' buffers are alive in every run: the waiting ones.
+    assert 1.2 * 2 * 3 * r["deep_largest"] <= max(r["deep_update"]), r
+    assert max(r["deep_update"]) <= 1.05 * r["deep_update_rule"], r

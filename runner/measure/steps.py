@@ -23,6 +23,11 @@ from runner.measure import conv_scratch, step_timeline
 # first); with two threads two updates overlapped, fully or in part (Adam 64-96 MiB, SGD
 # 48-80, AdamW 96-112): the rule is their bound.
 UPDATE_BUFFERS = {"Adam": 2, "SGD": 2, "AdamW": 3}
+# Optimizers whose update has two branches that meet (Keras's Adam and AdamW:
+# m * alpha / (sqrt(v) + epsilon), keras/src/optimizers/adam.py): whichever of the two float32
+# buffers is made first waits for the other, one such buffer an update at most
+# (update_call_bytes).
+MEETING_BRANCHES = ("Adam", "AdamW")
 
 
 def momentum_products(optimizer) -> bool:
@@ -74,12 +79,17 @@ def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> step_timeline
     threads, each holding its gradient and its update's buffers (UPDATE_BUFFERS). In a
     micro-batch of an accumulating step each gradient is added in place into its float32 sum
     as it comes (runner/techniques/accumulation.py: one assign_add, no buffer of its own) and
-    dies there: one at a time (measured: 17.5 MiB on a stack of 16 MiB kernels,
-    tests/test_conv_scratch.py). A loss-scaled accum=1 step waits for every gradient to check
-    it, a step under a strategy for their all-reduce (all_reduce_pack): each is held from
-    its backward on, and once the backward has ended all of them with their copies,
-    `gradients` (estimate._gradient_bytes: Executor.waits_for). Convolutions take
-    conv_scratch's buffers on a CPU without XLA or oneDNN."""
+    dies there. The add is its gradient's only consumer, so the executor runs it on the thread
+    that computed the gradient, right after it (tensorflow/core/common_runtime/executor.cc
+    ScheduleReady: a node's single ready successor runs inline): as many gradients at once as
+    inter-op threads compute weight gradients, a bound. **Measured** on a stack of two 16 MiB
+    kernels, 2 threads, the profiler's requested bytes: 17.5 MiB (one) or 32.0 (both) alone,
+    32.0 in every call beside two busy processes (tests/test_conv_scratch.py). A loss-scaled
+    accum=1 step waits for every gradient to check it, a step under a strategy for their
+    all-reduce (all_reduce_pack): each is held from its backward on, and once the backward
+    has ended all of them with their copies, `gradients` (estimate._gradient_bytes:
+    Executor.waits_for). Convolutions take conv_scratch's buffers on a CPU without XLA or
+    oneDNN."""
     threading = tf.config.threading
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     waits = scaled or replicated(cfg)  # every gradient before any update
@@ -88,10 +98,10 @@ def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> step_timeline
         # Under a strategy a replica's gradients are the outputs of its own function
         # (accumulation.make_replicated_step): compiled by XLA, all alive when it returns
         # (measured: 16.05 MiB a replica on a 16 MiB Dense stack); without XLA it is inlined
-        # and each is added into its sum as it comes (1.04 MiB a replica). On a GPU, where the
-        # job compiles with XLA unless told not to, all of them (unconfirmed).
+        # and each is added into its sum as it comes. On a GPU, where the job compiles with
+        # XLA unless told not to, all of them (unconfirmed).
         compiled = replicated(cfg) and (cpu_xla or not on_cpu)
-        slots, per_byte = 0 if compiled else 1, 1.0
+        slots, per_byte = 0 if compiled else inter_op_threads(), 1.0
     else:
         slots = 0 if waits else inter_op_threads()
         per_byte = 1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)
@@ -106,23 +116,38 @@ def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> step_timeline
 
 def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False) -> int:
     """What an accumulating step's update call (accumulation.py's apply_sum: the sums read in
-    place, then optimizer.apply) holds above the weights, slots and sums: `slots` updates at
-    once, the largest variables' at worst, each holding as many buffers of its variable's size
-    as an accum=1 update holds with its gradient (1 + UPDATE_BUFFERS: the sum is read in place,
-    and Adam's two slot updates then overlap). **Measured** on the Dense stack of
-    UPDATE_BUFFERS' note (16 MiB kernels, 2 inter-op threads): +72-96 MiB in that call, the
-    rule 96; keras MobileNet at 53 px: +15-17 MiB, the rule 18. A loss-scaled step first
-    divides every sum by the scale, and those float32 quotients are all alive before the
-    update, which frees each as it consumes it: the call holds them or the buffers, whichever
-    is more (measured on the same stack in float16: +64-72 MiB, quotients 64). Under a
-    strategy (replicated) the sums are all-reduced first: the all-reduce holds their pack
-    (all_reduce_pack) and its result, then the updates' buffers run beside the result
-    (measured on 2 logical CPUs, a replica's share of the call: 29-37 MiB on a Dense stack of
-    16 MiB, the rule 32; 128-130 on one of 64 MiB, the rule 128)."""
+    place, then optimizer.apply) holds above the weights, slots and sums, at most. Every
+    update's first operations read only the sums and slots, so all are ready when the call
+    starts and TensorFlow's executor hands them all to its inter-op threads' queues at once
+    (tensorflow/core/common_runtime/executor.cc ScheduleReady, with no inline queue): a thread
+    runs one update's chain (each elementwise step writes over its operand) and may leave its
+    other branch queued. So `slots` threads each hold one chain's buffer, the largest
+    variables' at worst, and under Adam every variable may hold its update's waiting buffer
+    (MEETING_BRANCHES) beside them. Other optimizers: `slots` updates, each holding as many
+    buffers as an accum=1 update holds with its gradient (1 + UPDATE_BUFFERS).
+    **Measured** (the profiler's requested bytes above the resting state, 2 inter-op threads,
+    the most of 6 calls): two 16 MiB kernels (33.6 MiB of weights) 64.0-65.7 MiB alone and
+    beside two busy processes, the bound 65.6; fifteen 1 MiB kernels 7-12 MiB (at 11 MiB,
+    eleven buffers: nine waiting, two in chains), the bound 17.4, where `slots` updates each
+    with its gradient and two buffers count 6 (tests/test_conv_scratch.py); the tests' tiny
+    EfficientNetB0 (32 px, batch 4) 10.1-11.6 MiB, the bound 18.3, the old rule 8.9. An
+    accum=1 step does not gather them: its updates start one by one as the backward makes
+    their gradients (executor). A loss-scaled step first divides every sum by the scale, and
+    those float32 quotients are all alive before the update, which frees each as it consumes
+    it: the call holds them or the buffers, whichever is more (measured on the two-kernel
+    stack in float16: +64-72 MiB, quotients 64). Under a strategy (replicated) the sums are
+    all-reduced first: the all-reduce holds their pack (all_reduce_pack) and its result, then
+    the updates' buffers run beside the result (measured on 2 logical CPUs, a replica's share
+    of the call: 29-37 MiB on a Dense stack of 16 MiB, the rule 34; 128-130 on one of 64
+    MiB)."""
     sizes = float32_sizes(trainable)
-    buffers = (1 + UPDATE_BUFFERS.get(type(optimizer).__name__, 2)) * sum(sizes[:slots])
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    name = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
     everything = sum(sizes)
+    if name in MEETING_BRANCHES:
+        buffers = everything + sum(sizes[:slots])
+    else:
+        buffers = (1 + UPDATE_BUFFERS.get(name, 2)) * sum(sizes[:slots])
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     quotients = everything if scaled else 0
     # SGD's momentum products, all made when the call starts (momentum_products)
     products = everything if momentum_products(optimizer) else 0

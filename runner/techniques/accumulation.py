@@ -182,7 +182,12 @@ def make_replicated_step(strategy, gradients, update, variables, accum: int, jit
         def replica(x, y):
             loss, grads = replica_gradients(x, y)
             for s, g in zip(sums, grads, strict=True):
-                s.assign(tf.convert_to_tensor(g) if first else s + tf.convert_to_tensor(g))
+                # assign_add, not s + g: reading the sum would make each gradient wait for
+                # that read, a root operation the executor may run late (steps.executor)
+                if first:
+                    s.assign(tf.convert_to_tensor(g))
+                else:
+                    s.assign_add(tf.convert_to_tensor(g))
             return loss
 
         return mean(strategy.run(replica, args=(x, y)))
