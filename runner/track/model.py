@@ -24,6 +24,7 @@ built under (its layers take the global policy): `load` passes both.
 import argparse
 import importlib
 import inspect
+import os
 import pkgutil
 import shutil
 import tempfile
@@ -169,6 +170,9 @@ def command_line() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> np.ndarray:
     """Load the model and run it on its own input example; print what it gives."""
     args = command_line().parse_args(argv)
+    # MLflow draws a progress bar on stderr for each download where tqdm is installed (the
+    # LiteRT runtime brings it): the command prints what it loaded, nothing else, unless asked.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(move_login_to_env(args.tracking_uri))
     try:
         model = load(args.uri)
