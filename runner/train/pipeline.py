@@ -47,18 +47,6 @@ from runner.train.signals import StopOnSignal
 from runner.train.sources import short_records
 
 
-def _overrides() -> list[str]:
-    """The command-line overrides of this job (empty when called outside Hydra)."""
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def _run_dir(run_id: str) -> Path:
-    """Hydra's output folder for this job, or outputs/runs/<run id> outside Hydra."""
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path("outputs") / "runs" / run_id
-
-
 def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Job:
     """Config and versions first, then the device: a failure there is recorded in the run. A
     resumed run (a resume point) has its config logged already."""
@@ -216,7 +204,7 @@ def _tracker(cfg, run_name: str, point, overrides: list[str], tags: dict | None)
         return contextlib.nullcontext(WorkerTracker(run_name))
 
     def run_dir_of(run_id: str) -> Path:
-        return point.run_dir if point is not None else _run_dir(run_id)
+        return point.run_dir if point is not None else rundir.hydra_run_dir(run_id)
 
     resumed_id = point.run_id if point is not None else None
     job = rundir.job_key(overrides) if point is None else point.job
@@ -230,7 +218,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     accum=auto's record (runner/plan/auto.py), logged with the run."""
     quiet_python_logs()
     validate(name_model(cfg))
-    overrides = _overrides()
+    overrides = rundir.hydra_overrides()
     point = rundir.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
     if point is not None:
         keep_restorable(point.run_dir)  # damaged checkpoints set aside, before the run reopens
@@ -250,7 +238,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     hydra_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
     lock = rundir.run_lock(point, cfg.trainer.resume, hydra_dir)
     with lock, StopOnSignal() as stop, _tracker(cfg, run_name, point, overrides, tags) as tracker:
-        run_dir = point.run_dir if point is not None else _run_dir(tracker.run_id)
+        run_dir = point.run_dir if point is not None else rundir.hydra_run_dir(tracker.run_id)
         if point is None:
             rundir.write_run_file(run_dir, tracker.run_id, cfg, overrides)
         if plan is not None:
@@ -289,11 +277,5 @@ def _say_if_lost(tracker, run_dir: Path) -> None:
 
 def _result(tracker, history: History, figures: dict, sources: dict, table: list) -> dict:
     layers = {"layers/table": table, "layers/top_activation": sources.get("layers/top_activation")}
-    return {
-        "run_id": tracker.run_id,
-        "run_name": tracker.run_name,
-        "steps": len(history.losses),
-        **history.evals[-1][1],
-        **figures,
-        **(layers if table else {}),
-    }
+    run = {"run_id": tracker.run_id, "run_name": tracker.run_name, "steps": len(history.losses)}
+    return {**run, **history.evals[-1][1], **figures, **(layers if table else {})}
