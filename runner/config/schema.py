@@ -19,6 +19,8 @@ PRECISION_NAMES = ("fp32", "mixed", "bf16")  # conf/precision/*.yaml
 PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")
+DEPLOY_NAMES = ("none", "litert")
+DEPLOY_VARIANTS = ("saved_model", "float32", "float16", "dynamic_int8", "int8", "sparse")
 
 
 @dataclass
@@ -102,6 +104,19 @@ class DistributionConfig:
     strategy: str = "none"  # none | mirrored | multi_worker
     devices: list[str] | None = None  # mirrored: the devices; null: every GPU, else every CPU
     logical_cpus: int = 0  # >= 2: split the CPU into that many logical devices (no GPU needed)
+
+
+@dataclass
+class DeployConfig:
+    """The kept model measured where it runs (runner/deploy/, issue 49); deploy=none: not."""
+
+    name: str = "none"  # none | litert
+    variants: list[str] = field(default_factory=list)  # of DEPLOY_VARIANTS
+    batch_size: int = 32  # latency is timed at batch 1 and at this batch
+    threads: int | None = None  # the runtime's threads; null: the machine's cores
+    calibration_batches: int = 10  # int8: batches of the job's own training split
+    repeats: int = 50  # timed calls per latency
+    warmup: int = 5  # untimed calls before them
 
 
 @dataclass
@@ -274,6 +289,7 @@ class Config:
     checkpointing: CheckpointingConfig = MISSING
     pruning: PruningConfig = MISSING
     distribution: DistributionConfig = MISSING
+    deploy: DeployConfig = MISSING
     data: Any = MISSING
     trainer: TrainerConfig = MISSING
     accum: Any = 1  # an integer >= 1, or auto (runner/plan/)
