@@ -13,6 +13,7 @@ runner.launch's workers and every fresh process (probes, sweep jobs, benchmark j
   prints that is not the user's business (`quiet_python_logs`).
 """
 
+import contextlib
 import gc
 import logging
 import os
@@ -55,22 +56,31 @@ def quiet_python_logs() -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """The C++ side's stderr (file descriptor 2) silenced inside, when tfmemlab chose the log
+    level (QUIET_ENV): TensorFlow's import, the LiteRT converter's and runtime's notices
+    ("Created TensorFlow Lite XNNPACK delegate for CPU", runner/deploy/)."""
+    if os.environ.get(QUIET_ENV) != "1":
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def import_tensorflow():
     """TensorFlow, imported quietly (module docstring); returns the module."""
     fresh = "tensorflow" not in sys.modules
-    if os.environ.get(QUIET_ENV) != "1" or not fresh:
+    with quiet_stderr() if fresh else contextlib.nullcontext():
         import tensorflow
-    else:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 2)
-            import tensorflow
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
     quiet_python_logs()
     if fresh:
         # What the import leaves is modules, not garbage: frozen, Python's collections (and

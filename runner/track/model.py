@@ -146,10 +146,21 @@ def load(uri: str) -> keras.Model:
     folder), with tfmemlab's layers and under the dtype policy it was trained with."""
     info = mlflow.models.get_model_info(uri)
     policy = (info.metadata or {}).get("dtype_policy", "float32")
+    return _under(policy, lambda: mlflow.keras.load_model(uri, custom_objects=custom_objects()))
+
+
+def load_file(path: Path, policy: str) -> keras.Model:
+    """A run's kept `model.keras` file (runner/deploy/ measures it), with tfmemlab's layers,
+    under the dtype policy it was trained with (the run's precision.policy)."""
+    return _under(policy, lambda: keras.saving.load_model(path, custom_objects=custom_objects()))
+
+
+def _under(policy: str, load_model) -> keras.Model:
+    """load_model() with `policy` as the global dtype policy (a model's layers take it)."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
-        return mlflow.keras.load_model(uri, custom_objects=custom_objects())
+        return load_model()
     finally:
         keras.config.set_dtype_policy(previous)
 

@@ -3,7 +3,8 @@
 seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
 train loop -> evaluate -> report -> keep (the datasets with their digests, the trained model:
 runner/track/datasets.py, runner/track/model.py; the code's commit is tagged at setup,
-runner/track/source.py). accum=auto is decided before this (runner/plan/auto.py,
+runner/track/source.py) -> deploy (deploy=litert: the kept model measured where it runs,
+runner/deploy/). accum=auto is decided before this (runner/plan/auto.py,
 which run.py calls), and a sweep's job is handed the tags that place it under its sweep.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from models.common import is_graph
 from runner.config import name_model, takes_images, validate
@@ -180,7 +181,18 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     if cfg.trainer.get("save_model", True):  # after the last step; not on failure or signal
         example = input_example(data.val)
         keep_model(tracker, built.model, job.run_dir, example, built.total_steps)
+        figures.update(_deploy(job, data))
     return figures, sources, history, table
+
+
+def _deploy(job: Job, data) -> dict:
+    """deploy=litert: the kept model measured where it runs (runner/deploy/). deploy=none
+    imports nothing of it: the default run does not pay for the converter or LiteRT."""
+    if OmegaConf.select(job.cfg, "deploy.name", default="none") == "none":  # or an older run's
+        return {}
+    from runner.deploy.job import measure_kept
+
+    return measure_kept(job.cfg, job.tracker, job.run_dir, data)
 
 
 def _note(notes: list[str], note: str | None) -> None:
