@@ -19,7 +19,7 @@ KERAS = "keras"  # the reference row: the Keras model itself
 NUMBERS = (
     "file_bytes", "file_gzip_bytes", "convert_s", "load_ms", "latency_b1_p50_ms",
     "latency_b1_p90_ms", "latency_batch_p50_ms", "latency_batch_p90_ms", "rss_growth_bytes",
-    "tf_peak_bytes", "val_accuracy", "agreement", "max_logit_diff",
+    "tf_peak_bytes", "val_accuracy", "agreement", "max_logit_diff", "logit_scale",
 )  # fmt: skip
 COLUMNS = [
     ("variant", "variant"), ("file", "file_bytes"), ("gzip", "file_gzip_bytes"),
@@ -95,7 +95,7 @@ def line(variant: str, row: dict, rows: dict[str, dict], batch: int) -> str:
     text = f"tfmemlab: deploy {variant}: {size(row['file_bytes'])}{ratio('file_bytes')}"
     text += f", gzip {size(row['file_gzip_bytes'])}{ratio('file_gzip_bytes')}"
     if variant == KERAS:
-        return text + f", val acc {row['val_accuracy']:.4f}"
+        return text + f", val acc {row['val_accuracy']:.4f}, logits up to {row['logit_scale']:.3g}"
     text += f", load {row['load_ms']:.0f} ms"
     text += f", batch 1 p50 {row['latency_b1_p50_ms']:.3g} ms{ratio('latency_b1_p50_ms')}"
     text += f" (p90 {row['latency_b1_p90_ms']:.3g})"
@@ -116,7 +116,8 @@ def header(settings: dict, calibration: str | None, train_digest: str | None) ->
         f"{settings['batch_size']}, {settings['warmup']} untimed then "
         f"{settings['repeats']} timed calls each; each variant in a fresh process.",
         "Agreement and max abs logit diff: against the Keras model's own outputs on the same "
-        "validation inputs. RSS growth: over loading and the first inferences.",
+        "validation inputs (whose largest absolute logit is the keras row's logit_scale). "
+        "RSS growth: over loading and the first inferences.",
     ]
     if calibration is not None:
         same = "the" if calibration == train_digest else "NOT the"
