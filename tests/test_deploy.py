@@ -159,6 +159,22 @@ def test_agreement_is_against_the_keras_model_not_the_variant(deployed, tmp_path
     assert figures["deploy/float32/max_logit_diff"] > 100.0
 
 
+@pytest.mark.slow
+def test_a_variant_that_cannot_convert_is_a_row_and_the_run_finishes(store, tmp_path, monkeypatch):
+    """The tiny transformer: its int8 row says why it is not tried (token inputs), its float32
+    row carries the converter's reason in one line (or its figures, once it converts)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config([*tiny_overrides("transformer", store), *DEPLOY])
+    cfg.deploy.variants = ["float32", "int8"]
+    result = run(cfg)
+    mlrun = MlflowClient(store).get_run(result["run_id"])
+    assert mlrun.info.status == "FINISHED"
+    tags = mlrun.data.tags
+    assert tags["deploy/int8/status"].startswith("not converted: full-integer int8")
+    f32 = tags["deploy/float32/status"]
+    assert f32 == "measured" or (f32.startswith("ConverterError: ") and "\n" not in f32), f32
+
+
 def test_the_reasons_are_one_line():
     """A converter's pages of MLIR become the ops LiteRT lacks; a token model is not int8."""
     text = (

@@ -116,7 +116,7 @@ def header(settings: dict, calibration: str | None, train_digest: str | None) ->
         f"{settings['batch_size']}, {settings['warmup']} untimed then "
         f"{settings['repeats']} timed calls each; each variant in a fresh process.",
         "Agreement and max abs logit diff: against the Keras model's own outputs on the same "
-        "validation inputs (whose largest absolute logit is the keras row's logit_scale). "
+        "validation inputs (the keras row says how large its logits are). "
         "RSS growth: over loading and the first inferences.",
     ]
     if calibration is not None:
