@@ -36,6 +36,10 @@ NOISE = (
 def prepare_environment() -> None:
     """The environment TensorFlow must find when it loads (module docstring)."""
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    # MLflow draws a progress bar on stderr for every artifact download once tqdm can be
+    # imported (mlflow/utils/file_utils.py), and ai-edge-litert (deploy=litert) brings tqdm:
+    # loading a kept model printed a dozen "Downloading artifacts" lines. The user's setting wins.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
         os.environ[QUIET_ENV] = "1"
