@@ -32,6 +32,7 @@ def test_every_group_has_options():
         "data",
         "trainer",
         "distribution",
+        "deploy",
         *ADDED_GROUPS,
     }
 
@@ -170,6 +171,20 @@ BAD_INPUT = [
         ["distribution=multi_worker", "accum=auto"],
         "accum=auto",
         "an integer >= 1 with distribution.strategy=multi_worker",
+    ),
+    (["deploy=tflite"], "deploy=tflite", "litert, none"),
+    (
+        ["deploy=litert", "deploy.variants=[float32,int4]"],
+        "deploy.variants=int4",
+        "a non-empty list of saved_model, float32, float16, dynamic_int8, int8, sparse",
+    ),
+    (["deploy=litert", "deploy.batch_size=0"], "deploy.batch_size=0", "an integer >= 1"),
+    (["deploy=litert", "deploy.threads=0"], "deploy.threads=0", "an integer >= 1"),
+    (["deploy=litert", "deploy.threads=two"], "deploy.threads=two", "Integer"),
+    (
+        ["deploy=litert", "trainer.save_model=false"],
+        "trainer.save_model=False",
+        "true with deploy=litert",
     ),
 ]
 

@@ -218,6 +218,8 @@ def check_module(name: str, argv: list[str]) -> None:
             _, extra = importlib.import_module("runner.bench.checkpointing")._only(extra)
         check_overrides(extra)
         return
+    if spec.submodule_search_locations:  # a package: `python -m` runs its __main__
+        name = f"{name}.__main__"
     module = importlib.import_module(name)
     assert hasattr(module, "command_line"), f"python -m {name}: no command_line() to check"
     try:  # the module's own parser, as its main() uses it; nothing runs
@@ -226,6 +228,8 @@ def check_module(name: str, argv: list[str]) -> None:
         pytest.fail(f"python -m {name} refuses {argv}: exit {exit_.code}")
     if name == "runner.launch" and overrides:  # the workers' run.py overrides
         check_overrides(["distribution=multi_worker", *overrides])
+    if name == "runner.deploy.__main__":  # deploy.KEY=VALUE, as the command checks them
+        importlib.import_module("runner.deploy.target").deploy_settings(None, overrides)
 
 
 def check_mlflow(argv: list[str]) -> None:

@@ -18,7 +18,7 @@ LAYERS = [
     ("runner.measure",),
     ("runner.track",),
     ("runner.report",),
-    ("runner.train",),
+    ("runner.train", "runner.deploy"),
     ("runner.cli",),
     ("runner.plan", "runner.sweep"),
     ("runner.launch", "runner.bench"),

@@ -6,11 +6,12 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from runner.config.data_schema import DataConfig
 from runner.config.model import name_model
 from runner.config.schema import (
     CheckpointingConfig,
     Config,
-    DataConfig,
+    DeployConfig,
     DistributionConfig,
     EfficientNetConfig,
     KerasAppConfig,
@@ -56,6 +57,7 @@ def register_configs() -> None:
         ("checkpointing", "base_checkpointing", CheckpointingConfig),
         ("pruning", "base_pruning", PruningConfig),
         ("distribution", "base_distribution", DistributionConfig),
+        ("deploy", "base_deploy", DeployConfig),
         ("trainer", "base_trainer", TrainerConfig),
     ]:
         cs.store(group=group, name=name, node=node)

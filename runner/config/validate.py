@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.spec import ATTENTION_KINDS, EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS
 from runner.config.data import validate_data
+from runner.config.deploy_checks import check_deploy
 from runner.config.model import (
     INPUT_KINDS,
     KERAS_APP,
@@ -47,9 +48,8 @@ def _check_choice(cfg: DictConfig, key: str, choices: tuple) -> None:
 
 def _check_min(cfg: DictConfig, key: str, low: float, optional: bool = False) -> None:
     value = _get(cfg, key)
-    if optional and value is None:
-        return
-    _require(value is not None and value >= low, key, value, f"a number >= {low}")
+    if not (optional and value is None):
+        _require(value is not None and value >= low, key, value, f"a number >= {low}")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -179,8 +179,7 @@ def _validate_accum_and_plan(cfg: DictConfig) -> None:
     for key, allowed in (*lists, ("attention", ATTENTION_KINDS)):
         for value in cfg.plan[key]:
             _require(value in allowed, f"plan.{key}", value, f"a list of {', '.join(allowed)}")
-    margin = cfg.plan.margin
-    _require(0 <= margin < 1, "plan.margin", margin, "a number in [0, 1)")
+    _require(0 <= cfg.plan.margin < 1, "plan.margin", cfg.plan.margin, "a number in [0, 1)")
     if cfg.plan.budget is not None:
         try:
             parse_bytes(cfg.plan.budget)
@@ -234,6 +233,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_model(cfg)
     validate_data(cfg)
     _validate_trainer(cfg)
+    check_deploy(cfg.deploy, cfg.trainer.save_model)
     _check_min(cfg, "profile.steps", 1)
     _check_min(cfg, "profile.repeats", 1)
     _validate_sweep(cfg)

@@ -19,14 +19,19 @@ def _start() -> None:
     import_tensorflow()
 
 
-def in_fresh_process(function: Callable, *args, unset: tuple[str, ...] = ()):
+def in_fresh_process(
+    function: Callable, *args, unset: tuple[str, ...] = (), tensorflow: bool = True
+):
     """function(*args) in a fresh Python process (spawned, so that nothing of this one's
     TensorFlow is inherited), waited for; its return value (picklable) comes back.
-    `unset`: environment variables the child runs without (e.g. the CPU allocator's limit)."""
+    `unset`: environment variables the child runs without (e.g. the CPU allocator's limit).
+    tensorflow=False: the child does not import TensorFlow first, for a function whose module
+    does not import it (a LiteRT model measured as it is served, runner/deploy/child.py)."""
     saved = {name: os.environ.pop(name) for name in unset if name in os.environ}
     try:
         spawn = multiprocessing.get_context("spawn")
-        with spawn.Pool(1, initializer=_start, maxtasksperchild=1) as pool:
+        start = _start if tensorflow else None
+        with spawn.Pool(1, initializer=start, maxtasksperchild=1) as pool:
             return pool.apply(function, args)
     finally:
         os.environ.update(saved)

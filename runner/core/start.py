@@ -13,6 +13,7 @@ runner.launch's workers and every fresh process (probes, sweep jobs, benchmark j
   prints that is not the user's business (`quiet_python_logs`).
 """
 
+import contextlib
 import gc
 import logging
 import os
@@ -35,6 +36,10 @@ NOISE = (
 def prepare_environment() -> None:
     """The environment TensorFlow must find when it loads (module docstring)."""
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    # MLflow draws a progress bar on stderr for every artifact download once tqdm can be
+    # imported (mlflow/utils/file_utils.py), and ai-edge-litert (deploy=litert) brings tqdm:
+    # loading a kept model printed a dozen "Downloading artifacts" lines. The user's setting wins.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
         os.environ[QUIET_ENV] = "1"
@@ -55,22 +60,31 @@ def quiet_python_logs() -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """The C++ side's stderr (file descriptor 2) silenced inside, when tfmemlab chose the log
+    level (QUIET_ENV): TensorFlow's import, the LiteRT converter's and runtime's notices
+    ("Created TensorFlow Lite XNNPACK delegate for CPU", runner/deploy/)."""
+    if os.environ.get(QUIET_ENV) != "1":
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def import_tensorflow():
     """TensorFlow, imported quietly (module docstring); returns the module."""
     fresh = "tensorflow" not in sys.modules
-    if os.environ.get(QUIET_ENV) != "1" or not fresh:
+    with quiet_stderr() if fresh else contextlib.nullcontext():
         import tensorflow
-    else:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 2)
-            import tensorflow
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
     quiet_python_logs()
     if fresh:
         # What the import leaves is modules, not garbage: frozen, Python's collections (and

@@ -24,7 +24,6 @@ built under (its layers take the global policy): `load` passes both.
 import argparse
 import importlib
 import inspect
-import os
 import pkgutil
 import shutil
 import tempfile
@@ -147,10 +146,21 @@ def load(uri: str) -> keras.Model:
     folder), with tfmemlab's layers and under the dtype policy it was trained with."""
     info = mlflow.models.get_model_info(uri)
     policy = (info.metadata or {}).get("dtype_policy", "float32")
+    return _under(policy, lambda: mlflow.keras.load_model(uri, custom_objects=custom_objects()))
+
+
+def load_file(path: Path, policy: str) -> keras.Model:
+    """A run's kept `model.keras` file (runner/deploy/ measures it), with tfmemlab's layers,
+    under the dtype policy it was trained with (the run's precision.policy)."""
+    return _under(policy, lambda: keras.saving.load_model(path, custom_objects=custom_objects()))
+
+
+def _under(policy: str, load_model) -> keras.Model:
+    """load_model() with `policy` as the global dtype policy (a model's layers take it)."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
-        return mlflow.keras.load_model(uri, custom_objects=custom_objects())
+        return load_model()
     finally:
         keras.config.set_dtype_policy(previous)
 
@@ -170,9 +180,6 @@ def command_line() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> np.ndarray:
     """Load the model and run it on its own input example; print what it gives."""
     args = command_line().parse_args(argv)
-    # MLflow draws a progress bar on stderr for each download where tqdm is installed (the
-    # LiteRT runtime brings it): the command prints what it loaded, nothing else, unless asked.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(move_login_to_env(args.tracking_uri))
     try:
         model = load(args.uri)

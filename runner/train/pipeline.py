@@ -3,7 +3,8 @@
 seed -> precision -> data -> model -> techniques (checkpointing, pruning) -> optimizer ->
 train loop -> evaluate -> report -> keep (the datasets with their digests, the trained model:
 runner/track/datasets.py, runner/track/model.py; the code's commit is tagged at setup,
-runner/track/commit.py). accum=auto is decided before this (runner/plan/auto.py,
+runner/track/commit.py) -> deploy (deploy=litert: the kept model measured where it runs,
+runner/deploy/). accum=auto is decided before this (runner/plan/auto.py,
 which run.py calls), and a sweep's job is handed the tags that place it under its sweep.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from models.common import is_graph
 from runner.config import name_model, takes_images, validate
@@ -44,18 +45,6 @@ from runner.train.job import Built, Job, build, train_state
 from runner.train.loop import Steps, evaluate, train
 from runner.train.optimizer import make_eval_step, resolve_jit
 from runner.train.signals import StopOnSignal
-
-
-def _overrides() -> list[str]:
-    """The command-line overrides of this job (empty when called outside Hydra)."""
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def _run_dir(run_id: str) -> Path:
-    """Hydra's output folder for this job, or outputs/runs/<run id> outside Hydra."""
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path("outputs") / "runs" / run_id
 
 
 def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Job:
@@ -191,7 +180,18 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     if cfg.trainer.get("save_model", True):  # after the last step; not on failure or signal
         example = input_example(data.val)
         keep_model(tracker, built.model, job.run_dir, example, built.total_steps)
+        figures.update(_deploy(job, data))
     return figures, sources, history, table
+
+
+def _deploy(job: Job, data) -> dict:
+    """deploy=litert: the kept model measured where it runs (runner/deploy/). deploy=none
+    imports nothing of it: the default run does not pay for the converter or LiteRT."""
+    if OmegaConf.select(job.cfg, "deploy.name", default="none") == "none":  # or an older run's
+        return {}
+    from runner.deploy.job import measure_kept
+
+    return measure_kept(job.cfg, job.tracker, job.run_dir, data)
 
 
 def _note(notes: list[str], note: str | None) -> None:
@@ -215,7 +215,7 @@ def _tracker(cfg, run_name: str, point, overrides: list[str], tags: dict | None)
         return contextlib.nullcontext(WorkerTracker(run_name))
 
     def run_dir_of(run_id: str) -> Path:
-        return point.run_dir if point is not None else _run_dir(run_id)
+        return point.run_dir if point is not None else rundir.hydra_run_dir(run_id)
 
     resumed_id = point.run_id if point is not None else None
     job = rundir.job_key(overrides) if point is None else point.job
@@ -229,7 +229,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     accum=auto's record (runner/plan/auto.py), logged with the run."""
     quiet_python_logs()
     validate(name_model(cfg))
-    overrides = _overrides()
+    overrides = rundir.hydra_overrides()
     point = rundir.locate(cfg.trainer.resume, overrides) if cfg.trainer.resume else None
     if point is not None:
         keep_restorable(point.run_dir)  # damaged checkpoints set aside, before the run reopens
@@ -249,7 +249,7 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
     hydra_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
     lock = rundir.run_lock(point, cfg.trainer.resume, hydra_dir)
     with lock, StopOnSignal() as stop, _tracker(cfg, run_name, point, overrides, tags) as tracker:
-        run_dir = point.run_dir if point is not None else _run_dir(tracker.run_id)
+        run_dir = point.run_dir if point is not None else rundir.hydra_run_dir(tracker.run_id)
         if point is None:
             rundir.write_run_file(run_dir, tracker.run_id, cfg, overrides)
         if plan is not None:
@@ -288,11 +288,5 @@ def _say_if_lost(tracker, run_dir: Path) -> None:
 
 def _result(tracker, history: History, figures: dict, sources: dict, table: list) -> dict:
     layers = {"layers/table": table, "layers/top_activation": sources.get("layers/top_activation")}
-    return {
-        "run_id": tracker.run_id,
-        "run_name": tracker.run_name,
-        "steps": len(history.losses),
-        **history.evals[-1][1],
-        **figures,
-        **(layers if table else {}),
-    }
+    run = {"run_id": tracker.run_id, "run_name": tracker.run_name, "steps": len(history.losses)}
+    return {**run, **history.evals[-1][1], **figures, **(layers if table else {})}

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from runner.core.errors import ResumeError
@@ -30,6 +31,18 @@ SIZES = "sizes.json"  # in checkpoints/: each checkpoint's files and their sizes
 NOT_THE_JOB = ("trainer.resume", "sweep.resume", "hydra.")
 # ...and those that say only where it is stored or how it reports: left out of its name.
 NOT_IN_THE_NAME = (*NOT_THE_JOB, "mlflow.", "trainer.progress")
+
+
+def hydra_overrides() -> list[str]:
+    """The command-line overrides of this job (empty when called outside Hydra)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def hydra_run_dir(run_id: str) -> Path:
+    """Hydra's output folder for this job, or outputs/runs/<run id> outside Hydra."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path("outputs") / "runs" / run_id
 
 
 def job_key(overrides: list[str]) -> str:

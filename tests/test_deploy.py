@@ -1,0 +1,237 @@
+"""deploy=litert (issue 49): the kept model converted for real (tf.lite's converter), each
+variant run by the real LiteRT runtime (ai_edge_litert) in a fresh process, its figures in a
+real SQLite MLflow store; and the deploy group's bad input.
+
+One tiny pruned MobileNet run that measures every variant is shared by the tests that only read
+it; the tests that change what is measured (a perturbed conversion, a token model, the command
+on a run already trained) measure again in a folder of their own, or last, as said.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runner.config import compose_config
+from runner.config.schema import DEPLOY_VARIANTS
+from runner.deploy import convert, report
+from runner.deploy import target as deploy_target
+from runner.deploy.child import file_digest
+from runner.deploy.job import measure_kept
+from runner.track import model as track_model
+from runner.track.client import scratch_store
+from runner.track.tracker import Tracker
+from runner.train import run
+from tests.conftest import REPO, tiny_overrides
+
+# Quick settings: 3 timed calls after 1, batch 4; 2 calibration batches (the 2 a digest hashes).
+QUICK = ["deploy.batch_size=4", "deploy.repeats=3", "deploy.warmup=1"]
+DEPLOY = ["deploy=litert", "trainer.save_model=true", "deploy.calibration_batches=2", *QUICK]
+# BatchNorm statistics re-estimated before the model is kept: with the initial ones, 3 steps
+# leave logits that hardly depend on the input, and a quantized model would pass for float32.
+SETTLED = ["trainer.bn_recalibrate=2"]
+# Pruned at 50% from step 2 (of 3), so the sparse variant is made too.
+PRUNED = ["pruning=constant", "pruning.frequency=2"]
+# Named here, not read from runner/deploy/report.py: a figure dropped there must fail here.
+LITERT_FIGURES = {
+    "file_bytes", "file_gzip_bytes", "convert_s", "load_ms", "latency_b1_p50_ms",
+    "latency_b1_p90_ms", "latency_batch_p50_ms", "latency_batch_p90_ms", "rss_growth_bytes",
+    "val_accuracy", "agreement", "max_logit_diff",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """(store, result, run directory, MLflow run) of the shared run."""
+    folder = tmp_path_factory.mktemp("deploy")
+    store = scratch_store(folder)
+    cfg = compose_config([*tiny_overrides("mobilenet", store), *PRUNED, *SETTLED, *DEPLOY])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        result = run(cfg)
+    mlrun = MlflowClient(store).get_run(result["run_id"])
+    return store, result, Path(mlrun.data.tags["run_dir"]), mlrun
+
+
+@pytest.mark.slow
+def test_float32_litert_predicts_what_keras_predicts(deployed):
+    """Same top-1 on every validation example, logits within 1e-4 of their scale: the
+    converter folds BatchNorm into the convolutions and sums in another order, so the
+    settled tiny MobileNet's logits (up to ~10) differ by ~3e-4 (its SavedModel by ~6e-5);
+    with the initial BatchNorm statistics they were within 1e-8, and so was no quantization."""
+    _, result, _, _ = deployed
+    scale = result["deploy/keras/logit_scale"]
+    assert result["deploy/float32/agreement"] == 1.0
+    assert result["deploy/float32/max_logit_diff"] <= 1e-4 * max(scale, 1.0)
+    assert result["deploy/float32/val_accuracy"] == result["deploy/keras/val_accuracy"]
+    # The bound tells float32 from a quantized model on these logits:
+    assert result["deploy/dynamic_int8/max_logit_diff"] > 1e-2 * scale
+
+
+@pytest.mark.slow
+def test_every_variant_is_measured_and_every_figure_lands_in_the_run(deployed):
+    store, _, run_dir, mlrun = deployed
+    assert mlrun.info.status == "FINISHED"
+    tags, metrics = mlrun.data.tags, mlrun.data.metrics
+    for variant in DEPLOY_VARIANTS:
+        assert tags[f"deploy/{variant}/status"] == "measured", variant
+        wanted = LITERT_FIGURES | ({"tf_peak_bytes"} if variant == "saved_model" else set())
+        assert {k for k in metrics if k.startswith(f"deploy/{variant}/")} == {
+            f"deploy/{variant}/{figure}" for figure in wanted
+        }
+    assert tags["deploy/xnnpack_sparse"] == report.xnnpack_sparse()
+    artifacts = {a.path for a in MlflowClient(store).list_artifacts(mlrun.info.run_id, "deploy")}
+    assert artifacts == {f"deploy/{v}.tflite" for v in DEPLOY_VARIANTS if v != "saved_model"}
+    table = (run_dir / "deploy" / "deploy.md").read_text()
+    assert all(f"| {v} |" in table for v in ("keras", *DEPLOY_VARIANTS))
+    # The logged model stays the Keras model.
+    assert tags["model_uri"].startswith("models:/")
+    assert (run_dir / track_model.FILE).is_file()
+
+
+@pytest.mark.slow
+def test_each_variant_is_measured_on_its_own_file(deployed):
+    """The digest the fresh process took of the file it loaded is the variant's file's, and
+    the files differ as their variants must (int8 smaller than float32)."""
+    _, result, run_dir, mlrun = deployed
+    folder = run_dir / "deploy"
+    for variant in DEPLOY_VARIANTS:
+        path = folder / ("saved_model" if variant == "saved_model" else f"{variant}.tflite")
+        assert mlrun.data.tags[f"deploy/{variant}/sha256"] == file_digest(path), variant
+    assert len({mlrun.data.tags[f"deploy/{v}/sha256"] for v in DEPLOY_VARIANTS}) == 6
+    f32 = result["deploy/float32/file_bytes"]
+    assert f32 == (folder / "float32.tflite").stat().st_size
+    assert result["deploy/int8/file_bytes"] < 0.5 * f32
+    assert result["deploy/float16/file_bytes"] < 0.6 * f32
+    assert result["deploy/sparse/file_bytes"] < f32  # 50% zeros, sparse-encoded
+
+
+@pytest.mark.slow
+def test_int8_is_calibrated_on_the_jobs_own_training_batches(deployed):
+    """The calibration batches hash to the run's training digest (its first batches, as the
+    loop drew them: runner/track/datasets.py)."""
+    _, _, _, mlrun = deployed
+    tags = mlrun.data.tags
+    assert tags["deploy/calibration_digest"] == tags["data/train_digest"]
+
+
+def _perturbed_export(model, folder):
+    """Export a copy whose last bias favours the class the Keras model predicts least."""
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    bias = [layer for layer in clone.layers if getattr(layer, "bias", None) is not None][-1].bias
+    predicted = np.argmax(np.asarray(model(np.zeros((1, *model.input_shape[1:])))), -1)
+    counts = np.bincount(predicted, minlength=bias.shape[0])
+    bias.assign(bias + 1000.0 * (np.arange(bias.shape[0]) == np.argmin(counts)))
+    return ORIGINAL_EXPORT(clone, folder)
+
+
+ORIGINAL_EXPORT = convert.export
+
+
+def _copy_run(run_dir: Path, into: Path) -> Path:
+    """The run's model and run.json in a folder of their own (its deploy/ left alone)."""
+    into.mkdir()
+    for name in (track_model.FILE, "run.json"):
+        shutil.copy(run_dir / name, into / name)
+    return into
+
+
+@pytest.mark.slow
+def test_agreement_is_against_the_keras_model_not_the_variant(deployed, tmp_path, monkeypatch):
+    """A float32 variant converted from a perturbed copy must disagree with the Keras model:
+    agreement computed against the variant itself (or the SavedModel) would read 100%."""
+    store, _, run_dir, _ = deployed
+    copy = _copy_run(run_dir, tmp_path / "copy")
+    cfg = compose_config([*tiny_overrides("mobilenet", store), *PRUNED, *DEPLOY])
+    cfg.deploy.variants = ["float32"]
+    monkeypatch.setattr(convert, "export", _perturbed_export)
+    client = MlflowClient(scratch_store(tmp_path))
+    throwaway = client.create_run(client.create_experiment("perturbed")).info.run_id
+    figures = measure_kept(cfg, Tracker(client, throwaway), copy)
+    assert figures["deploy/float32/agreement"] < 1.0
+    assert figures["deploy/float32/max_logit_diff"] > 100.0
+
+
+@pytest.mark.slow
+def test_a_variant_that_cannot_convert_is_a_row_and_the_run_finishes(store, tmp_path, monkeypatch):
+    """The tiny transformer: its int8 row says why it is not tried (token inputs), its float32
+    row carries the converter's reason in one line (or its figures, once it converts)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config([*tiny_overrides("transformer", store), *DEPLOY])
+    cfg.deploy.variants = ["float32", "int8"]
+    result = run(cfg)
+    mlrun = MlflowClient(store).get_run(result["run_id"])
+    assert mlrun.info.status == "FINISHED"
+    tags = mlrun.data.tags
+    assert tags["deploy/int8/status"].startswith("not converted: full-integer int8")
+    f32 = tags["deploy/float32/status"]
+    assert f32 == "measured" or (f32.startswith("ConverterError: ") and "\n" not in f32), f32
+
+
+def test_the_reasons_are_one_line():
+    """A converter's pages of MLIR become the ops LiteRT lacks; a token model is not int8."""
+    text = (
+        "Could not translate MLIR.\n<unknown>:0: error: loc(...)\nTF Select ops: BiasAdd\nDetails"
+    )
+    assert convert.reason(RuntimeError(text)) == "RuntimeError: ops LiteRT's builtins lack: BiasAdd"
+    tokens = keras.Input((8,), dtype="int32")
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.Embedding(16, 4)(tokens)))
+    why = convert.not_tried("int8", model, pruned=False)
+    assert why.startswith("not converted: full-integer int8") and "int32" in why
+    assert "\n" not in why
+    assert "0.0% zeros" in convert.not_tried("sparse", model, pruned=False)
+    assert convert.not_tried("sparse", model, pruned=True) is None
+
+
+def test_deploy_command_on_a_run_that_kept_no_model_is_one_line(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "x", "config": {}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "runner.deploy", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"error: {tmp_path} kept no model (model.keras): it ran with trainer.save_model=false, "
+        "or failed or was stopped before its last step"
+    )
+
+
+def test_the_files_named_before_tensorflow_loads_are_the_kept_ones():
+    assert (deploy_target.FILE, deploy_target.WEIGHTS) == (track_model.FILE, track_model.WEIGHTS)
+
+
+def test_deploy_none_imports_nothing_of_it():
+    """The default run's pipeline imports neither runner.deploy nor the LiteRT runtime."""
+    code = (
+        "import sys\nimport runner.train.pipeline\n"
+        "loaded = [m for m in ('runner.deploy', 'ai_edge_litert') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_deploy_command_logs_into_the_same_run(deployed):
+    """`python -m runner.deploy runs:/ID` on the shared run (last: it measures it again, int8
+    only): the same run, still FINISHED, calibrated on the same batches."""
+    store, _, run_dir, mlrun = deployed
+    args = ["-m", "runner.deploy", f"runs:/{mlrun.info.run_id}", "--tracking-uri", store]
+    done = subprocess.run(
+        [sys.executable, *args, "deploy.variants=[int8]", *QUICK],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tfmemlab: deploy int8: " in done.stdout
+    after = MlflowClient(store).get_run(mlrun.info.run_id)
+    assert after.info.status == "FINISHED"
+    assert after.data.tags["deploy/calibration_digest"] == after.data.tags["data/train_digest"]
+    history = MlflowClient(store).get_metric_history(mlrun.info.run_id, "deploy/int8/file_bytes")
+    assert len(history) == 2  # the run's own measurement and the command's
