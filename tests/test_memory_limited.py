@@ -205,9 +205,16 @@ def test_gelu_and_layer_norm_hold_only_their_input_from_forward_to_backward():
     this test (2 blocks against 6) read 19-25.6sbh and failed a CI run. In requested bytes with
     one thread the figure still followed Python's hash seed, which orders the graph's operations
     (tests/conftest.py ONE_THREAD): 19.33sbh with seed 3, 23.33 in two CI runs, 21.33 with seeds
-    0, 1, 2, 4 and 5; the seed is pinned, and the bound is the rule's within 5%. In float32 (no
-    cast to wait behind) the stack read 40-45sbh with and without the wait: not tested there."""
+    0, 1, 2, 4 and 5; with the seed pinned, a run of the suite beside a benchmark (issue 48) read
+    23.33 again. The difference is one transient at one stack's peak, a [b, s, 4h] bfloat16
+    tensor (8sbh bytes) more or less: a difference of two peaks is the blocks' own bytes within
+    one transient over the 4 blocks between them (2sbh), which is the bound (19.33-23.33sbh
+    around 21.33). In float32 (no cast to wait behind) the stack read 40-45sbh with and without
+    the wait: not tested there."""
     small, large, sbh, copies = fresh_result(MLP_STACKS, env=ONE_THREAD, timeout=300)
     per_block = (large - small) / 4
     rule = 20 * sbh + copies
-    assert 0.95 * rule <= per_block <= 1.05 * rule, (small, large, per_block / sbh)
+    transient = 8 * sbh / 4  # one [b, s, 4h] bfloat16 tensor at one peak, over 4 blocks
+    slack = 0.01 * rule  # the allocator's rounding of requests
+    low, high = rule - transient - slack, rule + transient + slack
+    assert low <= per_block <= high, (small, large, per_block / sbh)
