@@ -88,9 +88,9 @@ def _one_job(cfg: DictConfig) -> None:
     except BusyError as err:  # another process has the run directory: nothing was changed
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
-    except (DiskFull, ResumeError) as err:  # FAILED, failure=disk_full; no checkpoint restores
-        raise SystemExit(f"error: {err}") from None
-    except NonFiniteLoss as err:  # FAILED, failure=nan: the step, the data's part, what to try
+    # FAILED: failure=disk_full, no checkpoint restores, or failure=nan (the step, whether the
+    # data held it, what to try)
+    except (DiskFull, ResumeError, NonFiniteLoss) as err:
         raise SystemExit(f"error: {err}") from None
     except tf.errors.ResourceExhaustedError as err:  # the run is FAILED (failure=oom)
         full = disk_full(err)  # any that training did not name (TensorFlow's words)

@@ -31,7 +31,8 @@ def free_bytes(path) -> int | None:
         return None
 
 
-def _chain(err: BaseException | None):
+def chain(err: BaseException | None):
+    """`err` and the errors it was raised from (its causes, else its contexts), once each."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -42,7 +43,7 @@ def _chain(err: BaseException | None):
 def disk_full(err: BaseException, path=None, then: str = "") -> DiskFull | None:
     """The DiskFull `err` is (an error of its chain that says the disk is full), naming the
     file in the error, else `path`; None for any other error."""
-    for link in _chain(err):
+    for link in chain(err):
         if isinstance(link, DiskFull):
             return link
         if getattr(link, "sqlite_errorname", "") == "SQLITE_FULL":  # an MLflow store's write

@@ -17,15 +17,13 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from runner.track.store_faults import tables
+
 SKIP = {"alembic_version", "sqlite_sequence"}  # the fresh store's own
 
 
 def _columns(con: sqlite3.Connection, table: str) -> list[str]:
     return [row[1] for row in con.execute(f'PRAGMA table_info("{table}")')]
-
-
-def _tables(con: sqlite3.Connection) -> list[str]:
-    return [n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
 
 
 def readable_rows(src: sqlite3.Connection, table: str, columns: list[str]) -> list[tuple]:
@@ -106,7 +104,7 @@ def _copy_readable(db: Path, new: Path) -> tuple[dict[str, int], list[str]]:
     src.execute("PRAGMA writable_schema=ON")
     counts: dict[str, int] = {}
     with sqlite3.connect(new) as dst:
-        for table in _tables(dst):
+        for table in tables(dst):
             if table in SKIP:
                 continue
             try:

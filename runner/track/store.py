@@ -25,24 +25,15 @@ from pathlib import Path
 from runner.core.errors import TrackingError
 from runner.track.client import store_lock
 from runner.track.recover import recover
-from runner.track.store_faults import TMP_PREFIX
-
-
-def _tables(con: sqlite3.Connection) -> set[str]:
-    return {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-
-
-def leftovers(db: Path) -> list[str]:
-    """Alembic's temporary tables left in the store at `db`."""
-    with sqlite3.connect(db) as con:
-        return sorted(t for t in _tables(con) if t.startswith(TMP_PREFIX))
+from runner.track.store_faults import TMP_PREFIX, damage
+from runner.track.store_faults import tables as store_tables
 
 
 def damaged(db: Path) -> bool:
     """Whether SQLite finds the file damaged (its quick_check, or an error reading it)."""
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            return con.execute("PRAGMA quick_check(1)").fetchone()[0] != "ok"
+            return damage(con) is not None
     except sqlite3.DatabaseError:
         return True
 
@@ -55,7 +46,7 @@ def repair(db: Path) -> tuple[Path, list[str]]:
         shutil.copy2(db, backup)
         dropped = []
         with sqlite3.connect(db) as con:
-            tables = _tables(con)
+            tables = set(store_tables(con))
             for tmp in sorted(t for t in tables if t.startswith(TMP_PREFIX)):
                 table = tmp[len(TMP_PREFIX) :]
                 (rows,) = con.execute(f'SELECT COUNT(*) FROM "{tmp}"').fetchone()

@@ -6,46 +6,48 @@ command). Neither MLflow nor TensorFlow is imported: the command line checks the
 SQLite names the fault by its result code (sqlite3's `sqlite_errorname`, Python 3.11):
 SQLITE_FULL for a full disk ("database or disk is full"), SQLITE_CORRUPT ("database disk image
 is malformed") and SQLITE_NOTADB ("file is not a database") for a damaged file. MLflow's store
-raises SQLAlchemy's wrapper of the sqlite3 error, whose `orig` is that error.
+raises its exception from SQLAlchemy's, raised from the sqlite3 error (runner/core/diskfull.py
+chain walks them).
 """
 
-import errno
 import logging
 import shutil
 import sqlite3
 from pathlib import Path
 
-from runner.core.diskfull import free_bytes
+from runner.core.diskfull import chain, disk_full, free_bytes
 from runner.core.errors import TrackingError
 
 REPAIR = "python -m runner.track.store repair"
 TMP_PREFIX = "_alembic_tmp_"  # Alembic's copy of a table during a batch migration
-FULL = ("SQLITE_FULL",)
 DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
-def sqlite_errors(err: BaseException | None):
-    """The sqlite3 errors in `err`'s chain (SQLAlchemy's `orig` included), and any OSError."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, sqlite3.Error | OSError):
-            yield err
-        orig = getattr(err, "orig", None)
-        if isinstance(orig, sqlite3.Error):
-            yield orig
-        err = err.__cause__ or err.__context__
+def sqlite_errors(err: BaseException):
+    """The sqlite3 errors and OSErrors in `err`'s chain (MLflow's exception is raised from
+    SQLAlchemy's, which is raised from sqlite3's)."""
+    return (link for link in chain(err) if isinstance(link, sqlite3.Error | OSError))
 
 
 def kind(err: BaseException) -> str | None:
     """ "full", "damaged" or None (any other fault) for an error of a SQLite store."""
-    for link in sqlite_errors(err):
-        name = getattr(link, "sqlite_errorname", "")
-        if name in FULL or (isinstance(link, OSError) and link.errno == errno.ENOSPC):
-            return "full"
-        if name in DAMAGED:
-            return "damaged"
-    return None
+    if disk_full(err) is not None:  # SQLITE_FULL or ENOSPC, as any write of the run
+        return "full"
+    damaged = (getattr(link, "sqlite_errorname", "") in DAMAGED for link in sqlite_errors(err))
+    return "damaged" if any(damaged) else None
+
+
+def tables(con: sqlite3.Connection) -> list[str]:
+    """The names of a SQLite database's tables."""
+    return [n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+
+
+def damage(con: sqlite3.Connection) -> str | None:
+    """quick_check's first finding in a SQLite file, or None when it finds none; an error
+    reading the file is raised. quick_check reads every page: a few milliseconds for a store of
+    a few MiB."""
+    verdict = con.execute("PRAGMA quick_check(1)").fetchone()[0]
+    return None if verdict == "ok" else f"SQLite's quick_check: {verdict.splitlines()[0][:160]}"
 
 
 class _Explained(logging.Filter):
@@ -110,16 +112,14 @@ def damaged(db: Path, reason: str, shown: str) -> TrackingError:
 
 def check_file(db: Path, shown: str) -> None:
     """Raise TrackingError (one line) if the SQLite store at `db` is damaged, or its creation
-    was interrupted (Alembic's temporary table left behind). SQLite's quick_check reads every
-    page of the file (a few milliseconds for a store of a few MiB)."""
+    was interrupted (Alembic's temporary table left behind)."""
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            names = [n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            ((verdict,), *_) = con.execute("PRAGMA quick_check(1)").fetchall()
+            names, reason = tables(con), damage(con)
     except sqlite3.Error as err:
         raise store_fault(db, err, shown) from None
-    if verdict != "ok":
-        raise damaged(db, f"SQLite's quick_check: {verdict.splitlines()[0][:160]}", shown)
+    if reason is not None:
+        raise damaged(db, reason, shown)
     broken = sorted(n for n in names if n.startswith(TMP_PREFIX))
     if broken:
         raise TrackingError(
