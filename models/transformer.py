@@ -265,8 +265,10 @@ def build_transformer(
     if h % heads:
         raise ValueError(f"model.h={h} must be divisible by model.heads={heads}")
     tokens = keras.Input(shape=(spec.seq_len,), dtype="int32", name="tokens")
-    # Positions 0..seq-1 per row, derived from `tokens` so they stay inside the graph.
-    positions = keras.ops.zeros_like(tokens) + keras.ops.arange(spec.seq_len, dtype="int32")
+    # Positions 0..seq-1 per row, derived from `tokens` so they stay inside the graph. A running
+    # count, not `zeros + arange`: TensorFlow lowers an int32 add of a [seq] constant to BiasAdd,
+    # which LiteRT's builtin ops lack (the converter refuses the model); CUMSUM they have.
+    positions = keras.ops.cumsum(keras.ops.ones_like(tokens), axis=1) - 1
     x = keras.layers.Embedding(spec.vocab_size, h, name="token_embedding")(tokens)
     x = x + keras.layers.Embedding(spec.seq_len, h, name="position_embedding")(positions)
     for i in range(layers):

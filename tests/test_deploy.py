@@ -160,19 +160,34 @@ def test_agreement_is_against_the_keras_model_not_the_variant(deployed, tmp_path
 
 
 @pytest.mark.slow
-def test_a_variant_that_cannot_convert_is_a_row_and_the_run_finishes(store, tmp_path, monkeypatch):
-    """The tiny transformer: its int8 row says why it is not tried (token inputs), its float32
-    row carries the converter's reason in one line (or its figures, once it converts)."""
+def test_the_transformer_converts_and_its_int8_row_says_why_not(store, tmp_path, monkeypatch):
+    """The tiny transformer: float32 LiteRT predicts what Keras predicts (its position ids are a
+    running count, which LiteRT's builtins run; `zeros + arange` lowered to an int32 BiasAdd
+    they lack), and its int8 row says why it is not tried (token inputs); the run finishes."""
     monkeypatch.chdir(tmp_path)
     cfg = compose_config([*tiny_overrides("transformer", store), *DEPLOY])
     cfg.deploy.variants = ["float32", "int8"]
     result = run(cfg)
     mlrun = MlflowClient(store).get_run(result["run_id"])
     assert mlrun.info.status == "FINISHED"
-    tags = mlrun.data.tags
+    tags, metrics = mlrun.data.tags, mlrun.data.metrics
     assert tags["deploy/int8/status"].startswith("not converted: full-integer int8")
-    f32 = tags["deploy/float32/status"]
-    assert f32 == "measured" or (f32.startswith("ConverterError: ") and "\n" not in f32), f32
+    assert tags["deploy/float32/status"] == "measured"
+    assert metrics["deploy/float32/agreement"] == 1.0
+    assert metrics["deploy/float32/max_logit_diff"] <= 1e-4 * metrics["deploy/keras/logit_scale"]
+
+
+def test_a_model_the_converter_refuses_is_its_reason_in_one_line(tmp_path):
+    """A real refusal: positions made as `zeros + arange` (an int32 BiasAdd after TensorFlow's
+    rewrites) are refused by the converter, and the row's reason names the op."""
+    tokens = keras.Input((8,), dtype="int32")
+    positions = keras.ops.zeros_like(tokens) + keras.ops.arange(8, dtype="int32")
+    x = keras.layers.Embedding(16, 4)(tokens) + keras.layers.Embedding(8, 4)(positions)
+    model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(x)))
+    saved = convert.export(model, tmp_path / "saved_model").path
+    done = convert.to_litert(saved, "float32", tmp_path / "float32.tflite")
+    assert done.path is None and not (tmp_path / "float32.tflite").exists()
+    assert done.reason == "ConverterError: ops LiteRT's builtins lack: BiasAdd", done.reason
 
 
 def test_the_reasons_are_one_line():
