@@ -7,6 +7,7 @@ it; the tests that change what is measured (a perturbed conversion, a token mode
 on a run already trained) measure again in a folder of their own, or last, as said.
 """
 
+import csv
 import json
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.config.schema import DEPLOY_VARIANTS
-from runner.deploy import convert, report
+from runner.deploy import convert, report, rounds
 from runner.deploy import target as deploy_target
 from runner.deploy.child import file_digest
 from runner.deploy.job import measure_kept
@@ -28,10 +29,11 @@ from runner.track import model as track_model
 from runner.track.client import scratch_store
 from runner.track.tracker import Tracker
 from runner.train import run
-from tests.conftest import REPO, tiny_overrides
+from tests.conftest import REPO, run_cli, tiny_overrides
 
-# Quick settings: 3 timed calls after 1, batch 4; 2 calibration batches (the 2 a digest hashes).
-QUICK = ["deploy.batch_size=4", "deploy.repeats=3", "deploy.warmup=1"]
+# Quick settings: 3 timed calls after 1, batch 4, 2 rounds; 2 calibration batches (the 2 a
+# digest hashes).
+QUICK = ["deploy.batch_size=4", "deploy.repeats=3", "deploy.warmup=1", "deploy.rounds=2"]
 DEPLOY = ["deploy=litert", "trainer.save_model=true", "deploy.calibration_batches=2", *QUICK]
 # BatchNorm statistics re-estimated before the model is kept: with the initial ones, 3 steps
 # leave logits that hardly depend on the input, and a quantized model would pass for float32.
@@ -42,8 +44,12 @@ PRUNED = ["pruning=constant", "pruning.frequency=2"]
 LITERT_FIGURES = {
     "file_bytes", "file_gzip_bytes", "convert_s", "load_ms", "latency_b1_p50_ms",
     "latency_b1_p90_ms", "latency_batch_p50_ms", "latency_batch_p90_ms", "rss_growth_bytes",
-    "val_accuracy", "agreement", "max_logit_diff",
+    "val_accuracy", "agreement", "max_logit_diff", "rounds",
 }  # fmt: skip
+# A LiteRT variant's latency ratios to float32 LiteRT, with their intervals over the rounds.
+RATIO_FIGURES = {
+    f"{ratio}{end}" for ratio in ("b1_vs_float32", "batch_vs_float32") for end in ("", "_lo", "_hi")
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +88,20 @@ def test_every_variant_is_measured_and_every_figure_lands_in_the_run(deployed):
     for variant in DEPLOY_VARIANTS:
         assert tags[f"deploy/{variant}/status"] == "measured", variant
         wanted = LITERT_FIGURES | ({"tf_peak_bytes"} if variant == "saved_model" else set())
+        wanted |= RATIO_FIGURES if variant not in ("saved_model", "float32") else set()
         assert {k for k in metrics if k.startswith(f"deploy/{variant}/")} == {
             f"deploy/{variant}/{figure}" for figure in wanted
         }
     assert tags["deploy/xnnpack_sparse"] == report.xnnpack_sparse()
+    assert metrics["deploy/float32/rounds"] == 2
+    for variant in ("float16", "dynamic_int8", "int8", "sparse"):  # medians' ratio, interval
+        ratio = metrics[f"deploy/{variant}/b1_vs_float32"]
+        assert ratio == pytest.approx(
+            metrics[f"deploy/{variant}/latency_b1_p50_ms"]
+            / metrics["deploy/float32/latency_b1_p50_ms"]
+        )
+        assert metrics[f"deploy/{variant}/b1_vs_float32_lo"] <= ratio
+        assert ratio <= metrics[f"deploy/{variant}/b1_vs_float32_hi"]
     artifacts = {a.path for a in MlflowClient(store).list_artifacts(mlrun.info.run_id, "deploy")}
     assert artifacts == {f"deploy/{v}.tflite" for v in DEPLOY_VARIANTS if v != "saved_model"}
     table = (run_dir / "deploy" / "deploy.md").read_text()
@@ -160,21 +176,83 @@ def test_agreement_is_against_the_keras_model_not_the_variant(deployed, tmp_path
 
 
 @pytest.mark.slow
-def test_the_transformer_converts_and_its_int8_row_says_why_not(store, tmp_path, monkeypatch):
-    """The tiny transformer: float32 LiteRT predicts what Keras predicts (its position ids are a
-    running count, which LiteRT's builtins run; `zeros + arange` lowered to an int32 BiasAdd
-    they lack), and its int8 row says why it is not tried (token inputs); the run finishes."""
-    monkeypatch.chdir(tmp_path)
-    cfg = compose_config([*tiny_overrides("transformer", store), *DEPLOY])
-    cfg.deploy.variants = ["float32", "int8"]
-    result = run(cfg)
-    mlrun = MlflowClient(store).get_run(result["run_id"])
-    assert mlrun.info.status == "FINISHED"
-    tags, metrics = mlrun.data.tags, mlrun.data.metrics
-    assert tags["deploy/int8/status"].startswith("not converted: full-integer int8")
-    assert tags["deploy/float32/status"] == "measured"
-    assert metrics["deploy/float32/agreement"] == 1.0
-    assert metrics["deploy/float32/max_logit_diff"] <= 1e-4 * metrics["deploy/keras/logit_scale"]
+def test_a_sweep_compares_the_variants_of_its_jobs(tmp_path, store):
+    """`python run.py -m pruning=none,constant deploy=litert` on the tiny transformer, as a
+    user runs it: each job's float32 LiteRT predicts what its Keras model predicts (its
+    position ids are a running count, which LiteRT's builtins run; `zeros + arange` lowered to
+    an int32 BiasAdd they lack), its int8 row says why it is not tried (token inputs), and the
+    sweep's report has the deployment table, divided by the baseline's float32 file, and the
+    accuracy-against-latency-and-size picture."""
+    args = ["-m", "pruning=none,constant", "pruning.frequency=2", "sweep.isolate=false"]
+    args += [*tiny_overrides("transformer"), *DEPLOY, "deploy.variants=[float32,int8,sparse]"]
+    args += ["deploy.rounds=1"]
+    done = run_cli(args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store})
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("sweep") == "parent")
+    jobs = sorted((r for r in runs if r is not parent and r.data.tags.get("sweep") != "parent"),
+                  key=lambda r: int(r.data.tags["job_num"]))  # fmt: skip
+    for job in jobs:
+        tags, metrics = job.data.tags, job.data.metrics
+        assert job.info.status == "FINISHED"
+        assert tags["deploy/int8/status"].startswith("not converted: full-integer int8")
+        assert tags["deploy/float32/status"] == "measured"
+        assert metrics["deploy/float32/agreement"] == 1.0
+        bound = 1e-4 * metrics["deploy/keras/logit_scale"]
+        assert metrics["deploy/float32/max_logit_diff"] <= bound
+    dense, pruned = (j.data.metrics for j in jobs)
+    assert "deploy/sparse/file_bytes" not in dense and "deploy/sparse/file_bytes" in pruned
+    # The deployment table: every (job, variant), each divided by the baseline's float32 file.
+    table = (tmp_path / "outputs" / "multirun").glob("*/*/deploy_comparison.csv")
+    with next(table).open() as f:
+        rows = {(r["job"], r["variant"]): r for r in csv.DictReader(f)}
+    assert {v for j, v in rows if j == "baseline"} == {"keras", "float32", "int8", "sparse"}
+    assert rows[("baseline", "sparse")]["status"].startswith("not converted: the kernels are")
+    assert float(rows[("baseline", "float32")]["gzip/base"]) == 1.0
+    gzip = float(rows[("pruning=constant", "float32")]["gzip/base"])
+    assert gzip == pytest.approx(
+        pruned["deploy/float32/file_gzip_bytes"] / dense["deploy/float32/file_gzip_bytes"]
+    )
+    assert gzip < 0.95, gzip  # half the kernels zero: the gzipped file is smaller
+    assert "deployment: /base divides by the baseline job's (baseline) float32" in done.stdout
+    report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/deploy_comparison.md", "report/deploy_pareto.png"} <= report
+
+
+def test_rounds_run_round_robin_and_ratios_pair_them():
+    """Round r measures every variant once, in order; a ratio's interval resamples each round's
+    two measurements together, so a machine slow in one round and fast in another moves both
+    (1.1x in every round: the interval is [1.1, 1.1], where resampled apart it is wide); a
+    variant that fails is not measured again; rounds of different files are refused."""
+    order = []
+
+    def job(name, per_round):
+        def measure():
+            order.append(name)
+            ms = per_round[sum(n == name for n in order) - 1]
+            return {"sha256": name, "latency_b1_p50_ms": ms, "latency_batch_p50_ms": 2 * ms}
+
+        return measure
+
+    def fails():
+        order.append("int8")
+        raise RuntimeError("the runtime refused it\nat line 2")
+
+    slow_and_fast = [1.0, 4.0, 2.0]
+    jobs = {"float32": job("float32", slow_and_fast), "int8": fails}
+    jobs["float16"] = job("float16", [1.1 * ms for ms in slow_and_fast])
+    measured = rounds.measure(jobs, 3)
+    assert order == ["float32", "int8", "float16", "float32", "float16", "float32", "float16"]
+    assert measured["int8"] == "not measured: RuntimeError: the runtime refused it"
+    rows = {name: rounds.combine(measured[name]) for name in ("float32", "float16")}
+    assert rows["float16"]["latency_b1_p50_ms"] == pytest.approx(2.2)  # the rounds' median
+    rounds.add_ratios(rows)
+    f16 = rows["float16"]
+    assert (f16["b1_vs_float32_lo"], f16["b1_vs_float32_hi"]) == pytest.approx((1.1, 1.1))
+    assert rounds.ratio_text(f16, "b1_vs_float32") == "1.10x float32 [1.10, 1.10]"
+    with pytest.raises(RuntimeError, match="different files"):
+        rounds.combine([{"sha256": "a"}, {"sha256": "b"}])
 
 
 def test_a_model_the_converter_refuses_is_its_reason_in_one_line(tmp_path):

@@ -17,6 +17,7 @@ BENCHES = (
     "distribution",
     "attention",
     "ui",
+    "deploy",
 )
 
 

@@ -79,6 +79,11 @@ def take_repeats(args: list[str], default: int = 1) -> tuple[int, list[str]]:
     return _take_count("--repeats", args, default)
 
 
+def take_rounds(args: list[str], default: int) -> tuple[int, list[str]]:
+    """(N from `--rounds N`, else `default`; the other arguments)."""
+    return _take_count("--rounds", args, default)
+
+
 def take_steps(args: list[str], default: int) -> tuple[int, list[str]]:
     """(S from `--steps S`, else `default`; the other arguments)."""
     return _take_count("--steps", args, default)

@@ -32,6 +32,7 @@ def check_deploy(d: DictConfig, save_model: bool = True) -> None:
     _at_least("deploy.calibration_batches", d.calibration_batches, 1)
     _at_least("deploy.repeats", d.repeats, 1)
     _at_least("deploy.warmup", d.warmup, 0)
+    _at_least("deploy.rounds", d.rounds, 1)
     if not save_model:
         why = f"true with deploy={d.name} (it measures the model the run keeps)"
         raise ConfigError("trainer.save_model", save_model, why)

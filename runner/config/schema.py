@@ -117,6 +117,7 @@ class DeployConfig:
     calibration_batches: int = 10  # int8: batches of the job's own training split
     repeats: int = 50  # timed calls per latency
     warmup: int = 5  # untimed calls before them
+    rounds: int = 3  # each variant measured this many times, round-robin, each a fresh process
 
 
 @dataclass

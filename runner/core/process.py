@@ -9,6 +9,7 @@ benchmark's job, a sweep's job) runs in a process of its own.
 import multiprocessing
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 
 def _start() -> None:
@@ -26,13 +27,16 @@ def in_fresh_process(
     TensorFlow is inherited), waited for; its return value (picklable) comes back.
     `unset`: environment variables the child runs without (e.g. the CPU allocator's limit).
     tensorflow=False: the child does not import TensorFlow first, for a function whose module
-    does not import it (a LiteRT model measured as it is served, runner/deploy/child.py)."""
+    does not import it (a LiteRT model measured as it is served, runner/deploy/child.py).
+    The child is no daemon, so it may start fresh processes of its own (a benchmark's or a
+    sweep's job measuring its deployment variants), which multiprocessing.Pool's daemonic
+    workers may not; a child that dies raises BrokenProcessPool here instead of hanging."""
     saved = {name: os.environ.pop(name) for name in unset if name in os.environ}
     try:
         spawn = multiprocessing.get_context("spawn")
         start = _start if tensorflow else None
-        with spawn.Pool(1, initializer=start, maxtasksperchild=1) as pool:
-            return pool.apply(function, args)
+        with ProcessPoolExecutor(1, spawn, initializer=start, max_tasks_per_child=1) as pool:
+            return pool.submit(function, *args).result()
     finally:
         os.environ.update(saved)
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from runner.config import takes_images
 from runner.core.machine import cpu_model
 from runner.core.process import in_fresh_process
-from runner.deploy import child, convert, report
+from runner.deploy import child, convert, report, rounds
 from runner.deploy.target import no_model
 from runner.track.datasets import Tap
 from runner.track.model import FILE, load_file
@@ -81,18 +81,14 @@ def _sizes(path: Path) -> dict:
     }
 
 
-def _measure(done: convert.Converted, inputs_file: Path, settings: dict) -> dict:
-    """The variant's figures from a fresh process (TensorFlow there for the SavedModel only);
-    a failure there is the row's reason, in one line."""
+def _measurement(done: convert.Converted, inputs_file: Path, settings: dict):
+    """The variant's measurement, to run in a fresh process (TensorFlow there for the
+    SavedModel only)."""
     saved = done.variant == "saved_model"
     function = child.measure_saved_model if saved else child.measure_litert
-    try:
-        figures = in_fresh_process(
-            function, str(done.path), str(inputs_file), settings, tensorflow=saved
-        )
-    except Exception as err:  # the runtime refused the file: the other variants go on
-        return {"status": f"not measured: {convert.reason(err)}"}
-    return {**figures, "status": "measured"}
+    return lambda: in_fresh_process(
+        function, str(done.path), str(inputs_file), settings, tensorflow=saved
+    )
 
 
 def _variant(name: str, model, cfg: DictConfig, folder: Path, calibration) -> convert.Converted:
@@ -120,7 +116,8 @@ def measure_kept(cfg: DictConfig, tracker, run_dir: Path, data: Data | None = No
     inputs, targets = _validation(data, cfg.trainer.eval_batches)
     reference = _predict(model, inputs, d.batch_size)
     threads = d.threads or len(os.sched_getaffinity(0))
-    settings = {"threads": threads, **{k: d[k] for k in ("batch_size", "repeats", "warmup")}}
+    kept = ("batch_size", "repeats", "warmup", "rounds")
+    settings = {"threads": threads, **{k: d[k] for k in kept}}
     settings["calibration_batches"] = d.calibration_batches
     folder = run_dir / FOLDER
     shutil.rmtree(folder, ignore_errors=True)  # a measurement again: this one's files only
@@ -133,18 +130,27 @@ def measure_kept(cfg: DictConfig, tracker, run_dir: Path, data: Data | None = No
     representative, tap = _calibration(data, d.calibration_batches)
     print(f"tfmemlab: deploy: converting {', '.join(d.variants)} ({threads} threads)", flush=True)
     convert.export(model, folder / "saved_model")
+    converted = {name: _variant(name, model, cfg, folder, representative) for name in d.variants}
+    for name, done in converted.items():
+        rows[name] = {"convert_s": done.seconds, "status": done.reason}
+        if done.path is not None:
+            rows[name].update(_sizes(done.path))
     with tempfile.TemporaryDirectory() as tmp:
         inputs_file = Path(tmp) / "inputs.npy"
         np.save(inputs_file, inputs)
-        for name in d.variants:
-            done = _variant(name, model, cfg, folder, representative)
-            row = {"convert_s": done.seconds, "status": done.reason}
-            if done.path is not None:
-                row = {**row, **_sizes(done.path), **_measure(done, inputs_file, settings)}
-            if row.get("outputs") is not None:
-                row.update(compare(row.pop("outputs"), reference, targets))
-            rows[name] = row
-            print(report.line(name, row, rows, d.batch_size), flush=True)
+        jobs = {n: _measurement(c, inputs_file, settings) for n, c in converted.items() if c.path}
+        print(f"tfmemlab: deploy: measuring {len(jobs)} variant(s) in {d.rounds} round(s)")
+        measured = rounds.measure(jobs, d.rounds)
+    for name, figures in measured.items():
+        if isinstance(figures, str):
+            rows[name]["status"] = figures
+            continue
+        row = rounds.combine(figures)
+        rows[name].update({**row, **compare(row.pop("outputs"), reference, targets)})
+        rows[name]["status"] = "measured"
+    rounds.add_ratios(rows)
+    for name in d.variants:
+        print(report.line(name, rows[name], rows, d.batch_size), flush=True)
     tags = {"deploy/threads": threads, "deploy/cpu": cpu_model()}
     if rows.get("sparse", {}).get("status") == "measured":
         note = report.xnnpack_sparse()

@@ -14,18 +14,22 @@ from pathlib import Path
 
 from runner.core.machine import cpu_flags, cpu_model
 from runner.core.units import size
+from runner.deploy.rounds import ratio_text
 
 KERAS = "keras"  # the reference row: the Keras model itself
 NUMBERS = (
     "file_bytes", "file_gzip_bytes", "convert_s", "load_ms", "latency_b1_p50_ms",
     "latency_b1_p90_ms", "latency_batch_p50_ms", "latency_batch_p90_ms", "rss_growth_bytes",
-    "tf_peak_bytes", "val_accuracy", "agreement", "max_logit_diff", "logit_scale",
+    "tf_peak_bytes", "val_accuracy", "agreement", "max_logit_diff", "logit_scale", "rounds",
+    "b1_vs_float32", "b1_vs_float32_lo", "b1_vs_float32_hi", "batch_vs_float32",
+    "batch_vs_float32_lo", "batch_vs_float32_hi",
 )  # fmt: skip
 COLUMNS = [
     ("variant", "variant"), ("file", "file_bytes"), ("gzip", "file_gzip_bytes"),
     ("load ms", "load_ms"), ("b1 p50 ms", "latency_b1_p50_ms"),
-    ("b1 p90 ms", "latency_b1_p90_ms"), ("bN p50 ms", "latency_batch_p50_ms"),
-    ("bN p90 ms", "latency_batch_p90_ms"), ("RSS growth", "rss_growth_bytes"),
+    ("b1 p90 ms", "latency_b1_p90_ms"), ("b1 vs float32", "b1_vs_float32"),
+    ("bN p50 ms", "latency_batch_p50_ms"), ("bN p90 ms", "latency_batch_p90_ms"),
+    ("bN vs float32", "batch_vs_float32"), ("RSS growth", "rss_growth_bytes"),
     ("TF peak", "tf_peak_bytes"), ("val acc", "val_accuracy"), ("agreement", "agreement"),
     ("max abs logit diff", "max_logit_diff"), ("note", "status"),
 ]  # fmt: skip
@@ -58,7 +62,9 @@ def metrics(rows: dict[str, dict]) -> dict[str, float]:
     }
 
 
-def _show(key: str, value) -> str:
+def _show(key: str, value, row: dict) -> str:
+    if key.endswith("_vs_float32"):
+        return ratio_text(row, key) or "-"
     if value is None:
         return "-"
     if key.endswith("_bytes"):
@@ -77,7 +83,7 @@ def table(rows: dict[str, dict], header: list[str], batch: int) -> str:
     lines.append("|" + "---|" * len(COLUMNS))
     for variant, row in rows.items():
         shown = {**row, "variant": variant, "status": row.get("status", "")}
-        cells = [shown["variant"], *(_show(k, shown.get(k)) for _, k in COLUMNS[1:-1])]
+        cells = [shown["variant"], *(_show(k, shown.get(k), row) for _, k in COLUMNS[1:-1])]
         lines.append("| " + " | ".join([*cells, shown["status"]]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -97,14 +103,22 @@ def line(variant: str, row: dict, rows: dict[str, dict], batch: int) -> str:
     if variant == KERAS:
         return text + f", val acc {row['val_accuracy']:.4f}, logits up to {row['logit_scale']:.3g}"
     text += f", load {row['load_ms']:.0f} ms"
-    text += f", batch 1 p50 {row['latency_b1_p50_ms']:.3g} ms{ratio('latency_b1_p50_ms')}"
-    text += f" (p90 {row['latency_b1_p90_ms']:.3g})"
+    text += f", batch 1 p50 {row['latency_b1_p50_ms']:.3g} ms"
+    text += f" (p90 {row['latency_b1_p90_ms']:.3g}{_also(ratio_text(row, 'b1_vs_float32'))})"
     text += f", batch {batch} p50 {row['latency_batch_p50_ms']:.3g} ms"
+    text += f"{_also(ratio_text(row, 'batch_vs_float32'), ' (')}"
     text += f", RSS +{size(max(row['rss_growth_bytes'], 0))}"
     if row.get("tf_peak_bytes") is not None:
         text += f", TF peak {size(row['tf_peak_bytes'])}"
     text += f", val acc {row['val_accuracy']:.4f}, agreement {row['agreement']:.2%}"
     return text + f", max |logit diff| {row['max_logit_diff']:.3g}"
+
+
+def _also(text: str, opening: str = "; ") -> str:
+    """`text` after `opening` (closed when it opens a bracket), or nothing."""
+    if not text:
+        return ""
+    return opening + text + (")" if opening.endswith("(") else "")
 
 
 def header(settings: dict, calibration: str | None, train_digest: str | None) -> list[str]:
@@ -114,7 +128,9 @@ def header(settings: dict, calibration: str | None, train_digest: str | None) ->
         "",
         f"CPU: {cpu_model()}; {settings['threads']} threads; latency at batch 1 and at batch "
         f"{settings['batch_size']}, {settings['warmup']} untimed then "
-        f"{settings['repeats']} timed calls each; each variant in a fresh process.",
+        f"{settings['repeats']} timed calls each; each variant in a fresh process, "
+        f"{settings['rounds']} round(s) round-robin: figures are the rounds' medians, ratios "
+        "to float32 LiteRT with their 95% bootstrap interval over the rounds (paired by round).",
         "Agreement and max abs logit diff: against the Keras model's own outputs on the same "
         "validation inputs (the keras row says how large its logits are). "
         "RSS growth: over loading and the first inferences.",

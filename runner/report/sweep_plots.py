@@ -4,17 +4,26 @@ throughput, the estimate by part beside each peak, and one bar chart per figure.
 from pathlib import Path
 
 from runner.report import plots
-from runner.track import compare
+from runner.report.deploy_plots import deploy_pareto
+from runner.track import compare, deploy_compare
 
 MARKERS = "osD^vP*Xph"  # hollow and distinct, so that jobs on the same spot stay visible
 
 
-def report_files(rows: list[dict], out_dir: Path) -> list[Path]:
-    return [
+def report_files(rows: list[dict], out_dir: Path, deployed: list[dict] = ()) -> list[Path]:
+    """The comparison as CSV, Markdown and pictures; with `deployed` (deploy=litert jobs,
+    runner/track/deploy_compare.py), its deployment table and picture too."""
+    paths = [
         compare.write_csv(rows, out_dir / "comparison.csv"),
         compare.write_markdown(rows, out_dir / "comparison.md"),
         *pictures(rows, out_dir),
     ]
+    if deployed:
+        base = deploy_compare.base_label(rows)
+        paths += deploy_compare.write(deployed, out_dir, base)
+        fig = deploy_pareto(deployed, [deploy_compare.note(base)])
+        paths.append(plots.save(fig, out_dir / "deploy_pareto.png"))
+    return paths
 
 
 def pictures(rows: list[dict], out_dir: Path) -> list[Path]:

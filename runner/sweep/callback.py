@@ -28,7 +28,7 @@ from runner.core.secrets import redact, redact_logs, scrub_files
 from runner.report.sweep_plots import report_files
 from runner.sweep import repeats
 from runner.sweep.state import PARENT_ENV, read_sweep_file, resume_command, write_sweep_file
-from runner.track import compare, spread
+from runner.track import compare, deploy_compare, spread
 from runner.track.client import client_for, experiment_id, ui_hint
 
 
@@ -122,6 +122,7 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         repeats.aggregate(client, sweep_dir)  # each job's run: its repeats' medians
         runs, rows = comparison(client, parent_id, config.sweep)
+        deployed = deploy_rows(client, runs, rows, config.sweep)
         name_runs(client, runs, rows)
         for run, row in zip(runs, rows, strict=True):  # a job's run says what its repeats found
             if "repeats" in run.data.tags:
@@ -132,11 +133,11 @@ class SweepCallback(Callback):
                     client.update_run(rep.info.run_id, name=name)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            for path in report_files(rows, Path(tmp)):
+            for path in report_files(rows, Path(tmp), deployed):
                 client.log_artifact(parent_id, str(path), artifact_path="report")
                 (sweep_dir / path.name).write_bytes(path.read_bytes())
         failed = [r["job"] for r in rows if r["status"] != "FINISHED"]
-        summary = _summary(config, client, parent_id, rows, failed, sweep_dir)
+        summary = _summary(config, client, parent_id, rows, failed, sweep_dir, deployed)
         # The parent's page in the MLflow UI says in words what the sweep found.
         client.set_tag(parent_id, "mlflow.note.content", summary)
         client.set_tag(parent_id, "failed_jobs", str(len(failed)))
@@ -150,6 +151,14 @@ def comparison(client: MlflowClient, parent_id: str, sweep) -> tuple[list[Run], 
     runs = compare.sweep_runs(client, parent_id)
     repeats = spread.finished(client, runs)  # each job's repeats (sweep.repeats)
     return runs, compare.rows(runs, sweep.baseline, list(sweep.varies), repeats)
+
+
+def deploy_rows(client: MlflowClient, runs: list[Run], rows: list[dict], sweep) -> list[dict]:
+    """The deployment part of the comparison (deploy=litert jobs), or [] when no job measured
+    one."""
+    base = compare.baseline_run(runs, sweep.baseline)
+    labels = [row["job"] for row in rows]
+    return deploy_compare.rows(runs, labels, base, spread.finished(client, runs))
 
 
 def stop(uri: str, signum: int) -> None:
@@ -176,13 +185,14 @@ def stop(uri: str, signum: int) -> None:
     raise SystemExit(128 + signum)
 
 
-def _summary(config, client, parent_id, rows, failed, sweep_dir) -> str:
+def _summary(config, client, parent_id, rows, failed, sweep_dir, deployed) -> str:
     """The comparison table, where the report is, and how to open the comparison in the UI."""
     uri = config.mlflow.tracking_uri
     experiment = client.get_run(parent_id).info.experiment_id
     command, url = ui_hint(uri, experiment)
     lines = [
         compare.text(rows),
+        *([deploy_compare.text(deployed, deploy_compare.base_label(rows))] if deployed else []),
         f"tfmemlab: sweep {parent_id}: {len(rows)} jobs, {len(failed)} failed; report in "
         f"{sweep_dir} and in the parent run's artifacts (report/)",
     ]

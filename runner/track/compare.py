@@ -21,7 +21,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from runner.core.text import cell, table
-from runner.track import spread
+from runner.track import deploy_compare, spread
 from runner.track.client import add_tracking_uri
 from runner.track.labels import differs, labels
 
@@ -77,7 +77,7 @@ def rows(runs: list[Run], baseline: str | None = None, varies=(), repeats=None) 
     purpose (sweep.varies: `model` in +experiment=architectures): a difference there is the
     comparison itself, not a flaw in it, so it is left out of `differs`.
     """
-    base = _baseline(runs, baseline)
+    base = baseline_run(runs, baseline)
     base_params = base.data.params if base else {}
     out = []
     for run, label in zip(runs, labels(runs, base, varies), strict=True):
@@ -121,7 +121,9 @@ def _values(runs: list[Run], column: str) -> dict[int, float]:
     }
 
 
-def _baseline(runs: list[Run], name: str | None) -> Run | None:
+def baseline_run(runs: list[Run], name: str | None) -> Run | None:
+    """The run a comparison divides by: the one of that name (or overrides, or job number),
+    else the first finished run."""
     if name is not None:
         for run in runs:
             names = (run.info.run_name, run.data.tags.get("overrides"))
@@ -235,8 +237,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runs = experiment_runs(client, args.experiment)
     else:
         runs = [client.get_run(run_id) for run_id in args.run_ids]
-    out = rows(runs, args.baseline, args.varies, spread.finished(client, runs))
+    repeats = spread.finished(client, runs)
+    out = rows(runs, args.baseline, args.varies, repeats)
     print(text(out))
+    labels = [row["job"] for row in out]
+    deployed = deploy_compare.rows(runs, labels, baseline_run(runs, args.baseline), repeats)
+    if deployed:  # deploy=litert jobs: what each variant costs where it runs
+        print("\n" + deploy_compare.text(deployed, deploy_compare.base_label(out)))
     return out
 
 

@@ -46,7 +46,7 @@ def add_intervals(out: list[dict], values: list[dict], base: int | None, ratios)
             )
             interval = None
             if base is not None and i != base and row[f"{c}/base"] is not None:
-                interval = _interval(have, values[base].get(c, {}))
+                interval = interval_of(have, values[base].get(c, {}))
             row[f"{c}/base_lo"], row[f"{c}/base_hi"] = interval or (None, None)
             noise = within_noise(interval)
             row[f"{c}/base_noise"] = {True: NOISE, False: BEYOND, None: ""}[noise]
@@ -54,7 +54,7 @@ def add_intervals(out: list[dict], values: list[dict], base: int | None, ratios)
                 row[f"{c}/base_noise"] = NONE
 
 
-def _interval(job: dict, base: dict) -> tuple[float, float] | None:
+def interval_of(job: dict, base: dict) -> tuple[float, float] | None:
     """Paired over the rounds both jobs finished, when there are two or more (bootstrap.py);
     else each job's repeats resampled on their own."""
     rounds = sorted(job.keys() & base.keys())
