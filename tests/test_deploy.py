@@ -313,10 +313,17 @@ def test_deploy_none_imports_nothing_of_it():
 
 @pytest.mark.slow
 def test_deploy_command_logs_into_the_same_run(deployed):
-    """`python -m runner.deploy runs:/ID` on the shared run (last: it measures it again, int8
-    only): the same run, still FINISHED, calibrated on the same batches."""
+    """`python -m runner.deploy models:/ID` (the model the shared run logged; last: it measures
+    it again, int8 only): the same run, still FINISHED, calibrated on the same batches. A
+    runs:/ URI and the models:/ URI name the same run directory."""
     store, _, run_dir, mlrun = deployed
-    args = ["-m", "runner.deploy", f"runs:/{mlrun.info.run_id}", "--tracking-uri", store]
+    model_uri = mlrun.data.tags["model_uri"]
+    for given in (f"runs:/{mlrun.info.run_id}", model_uri):
+        target = deploy_target.locate(given, store, [])
+        assert (target.run_id, target.run_dir) == (mlrun.info.run_id, run_dir), given
+    with pytest.raises(deploy_target.DeployTargetError, match="^models:/m-nothing: "):
+        deploy_target.locate("models:/m-nothing", store, [])
+    args = ["-m", "runner.deploy", model_uri, "--tracking-uri", store]
     done = subprocess.run(
         [sys.executable, *args, "deploy.variants=[int8]", *QUICK],
         cwd=REPO, capture_output=True, text=True, timeout=600,

@@ -3,11 +3,14 @@ its model would run, and log the figures into that same run (runner/deploy/job.p
 
     python -m runner.deploy outputs/runs/2026-12-06/10-00-00
     python -m runner.deploy runs:/RUN_ID --tracking-uri sqlite:///outputs/mlflow.db
+    python -m runner.deploy models:/MODEL_ID --tracking-uri sqlite:///outputs/mlflow.db
     python -m runner.deploy outputs/runs/2026-12-06/10-00-00 deploy.variants=[float32,int8]
 
-RUN is a run directory or runs:/RUN_ID (the run's directory must be on this machine: the model
-measured is its model.keras). The settings are conf/deploy/litert.yaml's (the run's own when
-it ran with deploy=litert) with the overrides given. A run that kept no model, a key that does
+RUN is a run directory, runs:/RUN_ID, or models:/MODEL_ID (the model_uri tag of the run that
+logged it; or models:/NAME/VERSION of a registered model): the run's directory must be on this
+machine, since the model measured is its model.keras. The settings are
+conf/deploy/litert.yaml's (the run's own when it ran with deploy=litert) with the overrides
+given. A run that kept no model, a key that does
 not exist or a bad value is one line, before TensorFlow loads.
 """
 
@@ -25,12 +28,12 @@ def command_line() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", help="a run directory, or runs:/<run id>")
+    parser.add_argument("run", help="a run directory, runs:/<run id> or models:/<model id>")
     parser.add_argument("overrides", nargs="*", help="deploy.KEY=VALUE, as run.py takes them")
     parser.add_argument(
         "--tracking-uri",
         default=None,
-        help="the store of runs:/<run id> (a run directory names its own in run.json)",
+        help="the store of runs:/ and models:/ (a run directory names its own in run.json)",
     )
     return parser
 

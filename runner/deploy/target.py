@@ -1,6 +1,7 @@
 """Which run `python -m runner.deploy` measures, read without TensorFlow: a run directory (its
-`run.json` names the MLflow run, the store and the resolved config) or `runs:/RUN_ID` (the
-run's `run_dir` tag names its directory); whether it kept a model; and the deploy settings,
+`run.json` names the MLflow run, the store and the resolved config), `runs:/RUN_ID` (the
+run's `run_dir` tag names its directory) or `models:/MODEL_ID` (the run that logged that
+model); whether it kept a model; and the deploy settings,
 the run's own (deploy=litert) or conf/deploy/litert.yaml's, with the command's overrides.
 Each thing that cannot be used is one line (DeployTargetError) before TensorFlow loads."""
 
@@ -61,6 +62,28 @@ def _run_dir_of(uri: str, run_id: str) -> Path:
     return Path(folder)
 
 
+def _run_of_model(uri: str, given: str) -> str:
+    """The run that logged the model `given` names: models:/MODEL_ID (MLflow 3's logged model,
+    what a run's model_uri tag says) or models:/NAME/VERSION (a registered model's version)."""
+    from mlflow.exceptions import MlflowException
+
+    from runner.track.client import client_for
+
+    name = given.removeprefix("models:/").strip("/")
+    client = client_for(uri)
+    try:
+        if "/" in name:
+            registered, version = name.rsplit("/", 1)
+            run_id = client.get_model_version(registered, version).run_id
+        else:
+            run_id = client.get_logged_model(name).source_run_id
+    except MlflowException as err:
+        raise DeployTargetError(f"{given}: {str(err.message).splitlines()[0]}") from None
+    if not run_id:
+        raise DeployTargetError(f"{given}: the model names no run that logged it")
+    return run_id
+
+
 def deploy_settings(run_deploy, overrides: list[str]) -> DictConfig:
     """conf/deploy/litert.yaml's settings, the run's own when it measured with deploy=litert,
     then `overrides` (deploy.KEY=VALUE); checked as run.py checks them."""
@@ -83,11 +106,15 @@ def deploy_settings(run_deploy, overrides: list[str]) -> DictConfig:
 
 
 def locate(given: str, tracking_uri: str | None, overrides: list[str]) -> Target:
-    """The run `given` names (a run directory or runs:/RUN_ID), with a model to measure."""
-    if given.startswith("runs:/"):
-        run_id = given.removeprefix("runs:/").split("/")[0]
+    """The run `given` names (a run directory, runs:/RUN_ID or the models:/ URI of the model it
+    logged), with a model to measure."""
+    if given.startswith(("runs:/", "models:/")):
         if tracking_uri is None:
             raise DeployTargetError(f"{given}: give the store with --tracking-uri")
+        if given.startswith("runs:/"):
+            run_id = given.removeprefix("runs:/").split("/")[0]
+        else:
+            run_id = _run_of_model(tracking_uri, given)
         run_dir = _run_dir_of(tracking_uri, run_id)
     else:
         run_dir = Path(given)
