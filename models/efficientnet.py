@@ -14,7 +14,7 @@ def build_efficientnet(spec: DataSpec, variant="B0", weights=None) -> keras.Mode
     """EfficientNet `variant` with spec.num_classes float32 logits.
 
     Every variant rescales/normalises its input itself, so it takes raw [0, 255] pixels
-    (models.spec.input_range, which runner/train/data.py feeds).
+    (models.spec.input_range, which runner/feed/pipelines.py feeds).
     """
     if variant not in VARIANTS:
         raise ValueError(f"model.variant={variant!r} is not one of {list(VARIANTS)}")

@@ -23,7 +23,7 @@ def build_mobilenet(spec: DataSpec, version="v2", alpha=1.0, weights=None) -> ke
 
     V3 rescales raw [0, 255] pixels itself (include_preprocessing=True by default); V2 has
     no such layer and expects inputs already in [-1, 1]. models.spec.input_range says which,
-    for runner/train/data.py to feed.
+    for runner/feed/pipelines.py to feed.
     """
     if version not in VERSIONS:
         raise ValueError(f"model.version={version!r} is not one of {sorted(VERSIONS)}")

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Shape of one example and of the target, as produced by `runner.train.data`.
+    """Shape of one example and of the target, as produced by `runner.feed.pipelines`.
 
     kind: "image" (float32 [H, W, 3]) or "tokens" (int32 [seq_len]).
     num_classes: output units of the head (the vocabulary size for language modelling).
@@ -40,7 +40,7 @@ EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + tuple(
 # The pixel range each image model takes, as keras.applications' `preprocess_input` for it
 # defines it (keras/src/applications): mobilenet_v2's maps raw [0, 255]
 # pixels to [-1, 1]; MobileNetV3 and every EfficientNet rescale raw [0, 255] pixels inside the
-# model and their preprocess_input passes pixels through. runner/train/data.py feeds exactly this
+# model and their preprocess_input passes pixels through. runner/feed/pipelines.py feeds exactly this
 # range, known before the model is built, so a local `model.weights` file sees what it was
 # trained on. Raw pixels also survive the in-model rescaling under 16-bit policies: it runs in
 # the compute dtype, and MobileNetV3's Rescaling(1/127.5, offset=-1) maps [0, 1] inputs onto

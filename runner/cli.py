@@ -21,8 +21,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from runner.config import CONF_DIR, group_options, name_model, register_configs, validate
 from runner.config.store import search_path
 from runner.core.errors import BusyError, ConfigError, ModelError, ResumeError, TrackingError
+from runner.track.rundir import locate
 from runner.track.server import check_store
-from runner.train.rundir import locate
 
 # A user's --config-dir, and the search-path override that adds it, set per command line.
 _USER_DIRS: list[Path] = []

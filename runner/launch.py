@@ -191,7 +191,7 @@ def _resumed_uri(folder: Path) -> str:
     """The store of the launch in `folder` (the chief's run.json), checked as the chief's
     `trainer.resume` will check it."""
     from runner.core.errors import ResumeError
-    from runner.train.rundir import locate
+    from runner.track.rundir import locate
 
     try:
         return locate(str(folder / "worker0"), []).tracking_uri

@@ -5,7 +5,7 @@ import pytest
 
 from models.spec import RAW_PIXELS, SIGNED_UNIT
 from runner.data.synthetic import token_table as _token_table
-from runner.train.data import build_data
+from runner.feed.pipelines import build_data
 from tests.conftest import compose_config, tiny_overrides
 
 

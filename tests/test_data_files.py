@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config, validate
-from runner.train.data import build_data
+from runner.feed.pipelines import build_data
 from runner.train.pipeline import run
 from tests.conftest import TINY, TINY_TRAINER, run_cli
 from tests.test_data_sources import CLASSES, image_examples, write_npz, write_records

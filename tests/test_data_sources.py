@@ -16,7 +16,7 @@ from PIL import Image
 from models.spec import SIGNED_UNIT
 from runner.cli import check_command_line
 from runner.config import ConfigError, validate
-from runner.train.data import build_data
+from runner.feed.pipelines import build_data
 from runner.train.pipeline import run
 from tests.conftest import REPO, TINY, TINY_TRAINER, compose_config
 
@@ -378,7 +378,7 @@ import json, sys
 import runner  # the environment TensorFlow needs, before it loads
 import tensorflow as tf
 from runner.config import compose_config
-from runner.train.data import build_data
+from runner.feed.pipelines import build_data
 next(iter(tf.data.Dataset.range(8).map(lambda x: x + 1).batch(4)))
 print(build_data(compose_config(json.loads(sys.argv[1])), True, measure=True).setup_rss_bytes)
 """

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import EFFICIENTNET_VARIANTS, MOBILENET_VERSIONS, input_range  # noqa: E402
-from runner.train.data import build_data  # noqa: E402
+from runner.feed.pipelines import build_data  # noqa: E402
 from runner.train.job import build_model  # noqa: E402
 from tests.conftest import compose_config  # noqa: E402
 

@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
+from runner.feed.pipelines import build_data
 from runner.track import compare
 from runner.track.client import scratch_store
 from runner.track.commit import source_tags
@@ -25,7 +26,6 @@ from runner.track.model import FILE, custom_objects, keep_model, load
 from runner.track.model import main as model_command
 from runner.track.tracker import PENDING, Tracker, WorkerTracker
 from runner.train import run
-from runner.train.data import build_data
 from tests.conftest import REPO, tiny_overrides
 
 KEEP = ["trainer.save_model=true", "trainer.jit_compile=false"]  # eager-equal evaluation

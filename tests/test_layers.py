@@ -181,7 +181,7 @@ def _profiled(tiny_cfg, model, *extra):
 def test_profile_rows_add_up_to_the_estimate_and_are_logged(
     tiny_cfg, store, tmp_path, model, extra
 ):
-    from runner.train.data import build_data
+    from runner.feed.pipelines import build_data
     from runner.train.job import build_model
 
     result = _profiled(tiny_cfg, model, *extra)
@@ -268,7 +268,7 @@ PROFILED = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "policy"), PROFILED)
 def test_every_family_and_precision_profiles(tiny_cfg, model, policy):
-    from runner.train.data import build_data
+    from runner.feed.pipelines import build_data
     from runner.train.job import build_model
 
     keras.mixed_precision.set_global_policy(policy)

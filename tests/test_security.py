@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.core.errors import TrackingError
+from runner.track import rundir
 from runner.track.server import check_reachable
-from runner.train import rundir
 from tests.conftest import REPO, free_port, start_mlflow_server, stop_mlflow_server, tiny_overrides
 
 SECRET = f"tfm-{secrets.token_hex(8)}"  # the admin's password: a fresh one each session

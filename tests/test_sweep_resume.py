@@ -18,7 +18,7 @@ from runner.sweep.resume import ATTEMPTS, plan_job, resume_argv
 from runner.sweep.state import SWEEP_FILE, write_sweep_file
 from runner.track.client import experiment_id
 from runner.track.compare import sweep_runs
-from runner.train.rundir import write_run_file
+from runner.track.rundir import write_run_file
 from tests.conftest import MEMORY_BOUND, REPO, TINY, run_cli, tiny_overrides
 
 # ---- what a relaunched sweep does with each job: real runs, real checkpoints ----------------

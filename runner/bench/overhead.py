@@ -41,11 +41,11 @@ def main(extra: list[str], steps: int = 20, rounds: int = 12) -> Ratio:
     """
     import keras
 
+    from runner.feed.pipelines import build_data
     from runner.measure.telemetry import Memory
     from runner.techniques.accumulation import make_train_step
     from runner.track.client import client_for
     from runner.track.tracker import Tracker
-    from runner.train.data import build_data
     from runner.train.job import build_model
     from runner.train.loop import Steps, train
     from runner.train.optimizer import build_optimizer, resolve_jit

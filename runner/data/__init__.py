@@ -14,5 +14,5 @@ say (arrays: data.seq_len, data.image_size; tfrecord: data.num_classes), which t
 carries (runner/config/data.py); `errors(d)`, a context manager turning an error found only
 as the pipeline is drawn into one line.
 `d` is the job's `data` config; what the source needs of the rest of the job comes in a
-`Request` (runner/data/contract.py). runner/train/data.py makes the pipelines of it.
+`Request` (runner/data/contract.py). runner/feed/pipelines.py makes the pipelines of it.
 """

@@ -7,7 +7,7 @@ trained: both measure the file the run kept, not the model in memory.
 The reference is the Keras model's own outputs, computed here (in the parent) on the
 validation inputs every variant is then run on: agreement is never a variant against itself.
 int8's calibration batches are the first `deploy.calibration_batches` batches of the job's own
-training split, drawn through the job's data pipeline (runner/train/data.py's twin, in the
+training split, drawn through the job's data pipeline (runner/feed/pipelines.py's twin, in the
 order training drew them) and hashed as the run's data/train_digest was
 (runner/track/datasets.py), so `deploy/calibration_digest` shows they are the job's data.
 """
@@ -28,9 +28,9 @@ from runner.core.machine import cpu_model
 from runner.core.process import in_fresh_process
 from runner.deploy import child, convert, report, rounds
 from runner.deploy.target import no_model
+from runner.feed.pipelines import Data, build_data
 from runner.track.datasets import Tap
 from runner.track.model import FILE, load_file
-from runner.train.data import Data, build_data
 
 FOLDER = "deploy"  # in the run directory: the SavedModel, the .tflite files, deploy.md
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.config import CONF_DIR
 from runner.config.deploy_checks import check_deploy
 from runner.config.schema import DeployConfig
-from runner.train.rundir import RUN_FILE
+from runner.track.rundir import RUN_FILE
 
 # The files runner/track/model.py keeps in a run directory (FILE, WEIGHTS there; named here so
 # that the check runs before TensorFlow loads, which that module imports; a test keeps them equal)

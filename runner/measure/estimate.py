@@ -123,7 +123,7 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     return 0, head, all_of_them - embedding, 2 * all_of_them
 
 
-# Micro-batches of input the runner's pipeline (runner/train/data.py: map -> batch ->
+# Micro-batches of input the runner's pipeline (runner/feed/pipelines.py: map -> batch ->
 # prefetch(AUTOTUNE)) holds during a step, the step's own included: measured between draws,
 # synthetic images at 32-96 px, micro-batch 8-32, beside a consumer: 3.7-5.2 (3.0-4.8 again
 # at accum 1, 2 and 4). On a GPU the pipeline's buffers are host memory: the device holds

@@ -11,12 +11,12 @@ from runner.config import takes_images, with_batch
 from runner.core import machine
 from runner.core.errors import PlanError
 from runner.core.units import parse_bytes
+from runner.feed.pipelines import build_data
 from runner.measure import estimate, flops
 from runner.measure.estimate import is_cpu_xla
 from runner.measure.telemetry import nvidia_smi
 from runner.techniques import checkpointing, precision
 from runner.train import device
-from runner.train.data import build_data
 from runner.train.job import build_model
 from runner.train.optimizer import build_optimizer, resolve_jit
 

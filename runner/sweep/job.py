@@ -29,7 +29,7 @@ from runner.sweep.state import (
     SWEEP_PID_ENV,
     sweep_of_job,
 )
-from runner.train.rundir import run_name
+from runner.track.rundir import run_name
 
 RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 

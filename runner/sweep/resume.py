@@ -32,7 +32,7 @@ from runner.core.errors import BusyError, ResumeError
 from runner.core.lock import LOCK_FILE, check_free, holder
 from runner.core.process import pid_alive
 from runner.sweep.state import KEY, SWEEP_FILE, read_sweep_file
-from runner.train.rundir import RUN_FILE, locate, newest_folder
+from runner.track.rundir import RUN_FILE, locate, newest_folder
 
 ATTEMPTS = "attempts"
 

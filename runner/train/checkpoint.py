@@ -9,7 +9,7 @@
   data iterator (its position, its shuffle state and the batches it had prefetched) and the
   count of optimizer steps done.
 - `trainer.resume=<run dir>|latest` restores the last checkpoint into the job as built
-  (runner/train/rundir.py finds it). A checkpoint damaged since it was written (a truncated
+  (runner/track/rundir.py finds it). A checkpoint damaged since it was written (a truncated
   copy, a disk fault) is skipped for the one before it, said in one line, and moved to
   `checkpoints/damaged/` (issue 27): the manager's index then names only checkpoints that
   read back whole, so the steps run again are saved again under their own numbers.
@@ -22,7 +22,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from runner.core.errors import ResumeError
-from runner.train.rundir import CHECKPOINTS, record_sizes
+from runner.track.rundir import CHECKPOINTS, record_sizes
 from runner.train.signals import StopOnSignal
 
 DAMAGED = "damaged"  # under checkpoints/: what did not read back, kept for a look

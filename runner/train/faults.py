@@ -15,9 +15,9 @@ import tensorflow as tf
 from runner.core.diskfull import disk_full, free_bytes
 from runner.core.errors import DiskFull, NonFiniteLoss
 from runner.measure import estimate
+from runner.track.rundir import CHECKPOINTS
 from runner.train.checkpoint import TrainState
 from runner.train.job import Built, Job
-from runner.train.rundir import CHECKPOINTS
 
 
 def out_of_memory(err, job: Job, built: Built):

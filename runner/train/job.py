@@ -17,12 +17,12 @@ from omegaconf import DictConfig
 
 from runner.config.model import is_target
 from runner.core.errors import Interrupted
+from runner.feed.pipelines import Data
 from runner.techniques import checkpointing, distribution, precision, pruning
 from runner.techniques.checkpointing import RematInfo
 from runner.techniques.pruning import Pruner
 from runner.track.tracker import Tracker
 from runner.train.checkpoint import TrainState
-from runner.train.data import Data
 from runner.train.optimizer import build_optimizer
 from runner.train.signals import StopOnSignal
 from runner.train.usermodel import build_target

@@ -18,10 +18,10 @@ import keras
 import tensorflow as tf
 
 from runner.core.errors import Interrupted, NonFiniteLoss
+from runner.feed.pipelines import Data
 from runner.measure.history import History
 from runner.measure.telemetry import Memory
 from runner.train.checkpoint import TrainState
-from runner.train.data import Data
 from runner.train.signals import StopOnSignal
 
 

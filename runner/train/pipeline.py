@@ -23,6 +23,7 @@ from runner.config import name_model, takes_images, validate
 from runner.core.errors import ConfigError
 from runner.core.secrets import redact
 from runner.core.start import quiet_python_logs
+from runner.feed.pipelines import build_data, source_errors
 from runner.measure import profile
 from runner.measure.history import History
 from runner.measure.telemetry import Memory, replica_memory
@@ -32,14 +33,14 @@ from runner.report import pruning as pruning_report
 from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
 from runner.techniques.accumulation import make_train_step
+from runner.track import rundir
 from runner.track.commit import source_tags
 from runner.track.datasets import Tap, log_datasets
 from runner.track.lifecycle import log_config, mlflow_run
 from runner.track.model import input_example, keep_model
 from runner.track.tracker import WorkerTracker
-from runner.train import batchnorm, device, rundir
+from runner.train import batchnorm, device
 from runner.train.checkpoint import keep_restorable
-from runner.train.data import build_data, source_errors
 from runner.train.faults import training_fault
 from runner.train.job import Built, Job, build, train_state
 from runner.train.loop import Steps, evaluate, train
