@@ -9,9 +9,9 @@ a fresh process), which converts its variants and measures their sizes, accuracy
 with the Keras model. Then every variant of every job is timed side by side: N rounds (5 by
 default), round r timing each file once, each in a fresh process (runner/deploy/rounds.py), so
 that a latency ratio to the same model's dense float32 LiteRT file is paired by round and
-printed with its 95% interval (100 timed calls after 10 at each batch). The timed inputs are zeros of the model's input shape (latency
-does not depend on the values; accuracy was measured on the validation split in the first
-phase).
+printed with its 95% interval (100 timed calls after 10 at each batch). The timed inputs are
+zeros of the model's input shape (latency does not depend on the values; accuracy was
+measured on the validation split in the first phase).
 
 Targets: float32 LiteRT agrees with Keras (100%, max logit diff <= 1e-4 of the logits' scale);
 MobileNetV2 int8 file <= 0.33x float32, val accuracy within 2 points of the Keras model; the
