@@ -10,6 +10,7 @@ import pytest
 import runner.bench
 from runner.bench import gpu_check, noise
 from runner.bench import layers as layers_bench
+from runner.bench.noise import NOISE
 from tests.conftest import NO_MODEL, TINY, TINY_DATA
 from tests.test_telemetry import HAS_GPU
 
@@ -329,3 +330,51 @@ def test_repeats_must_be_a_whole_number_of_at_least_one(bad):
     with pytest.raises(SystemExit, match=rf"^error: --repeats {bad[1:] and bad[1] or None}: "):
         noise.take_repeats(["model.h=16", *bad])
     assert noise.take_repeats(["--repeats", "3", "model.h=16"]) == (3, ["model.h=16"])
+
+
+def test_the_deploy_benchs_targets_are_the_issues_each_on_what_it_names():
+    """python -m runner.bench deploy's verdicts (no TensorFlow): each target divides what the
+    issue divides, sizes by the dense float32 file, and the int8 latency's verdict is taken
+    on its interval's far end."""
+    from runner.bench.deploy import _targets
+
+    def job(f32, gzip, **more):
+        base = {"deploy/float32/file_bytes": f32, "deploy/float32/file_gzip_bytes": gzip}
+        agreed = {"deploy/float32/agreement": 1.0, "deploy/float32/max_logit_diff": 5e-4}
+        return {**base, **agreed, "deploy/keras/logit_scale": 10.0, **more}
+
+    int8 = {"deploy/int8/file_bytes": 34, "deploy/int8/val_accuracy": 0.80}
+    figures = {
+        "mobilenet dense": job(100, 90, **int8, **{"deploy/keras/val_accuracy": 0.815}),
+        # gzip 40/90 = 0.444; sparse 101 >= 100; int8 gzip 19 of the dense file 100 = 0.19
+        "mobilenet pruned80": job(
+            100, 40, **{"deploy/sparse/file_bytes": 101, "deploy/int8/file_gzip_bytes": 19}
+        ),
+        "transformer dense": job(100, 90, **{"deploy/float32/max_logit_diff": 1.1e-3}),
+        "transformer pruned80": job(100, 41, **{"deploy/dynamic_int8/file_gzip_bytes": 21}),
+    }
+
+    def timed(f32, dyn):
+        return {
+            ("transformer dense", "float32"): {"latency_b1_p50_ms": 1.0, "per_round": {
+                "latency_b1_p50_ms": f32}},
+            ("transformer dense", "dynamic_int8"): {"latency_b1_p50_ms": 0.69, "per_round": {
+                "latency_b1_p50_ms": dyn}},
+        }  # fmt: skip
+
+    lines = _targets(figures, timed([1.0, 1.0, 1.0], [0.69, 0.69, 0.72]))
+    verdicts = {line.split(": ", 1)[1].split(" (")[0]: line.split(":")[0] for line in lines}
+    assert verdicts == {
+        "mobilenet float32 LiteRT agreement 100.00%, max |logit diff| 0.0005": "ok",
+        "transformer float32 LiteRT agreement 100.00%, max |logit diff| 0.0011": "MISSED",
+        "mobilenet int8 file 0.340x float32": "MISSED",
+        "mobilenet int8 val accuracy 0.8000 vs Keras 0.8150": "ok",
+        "transformer dynamic_int8 batch-1 latency 0.69x [0.69, 0.72] float32": NOISE,
+        "mobilenet pruned 80% float32 gzip 0.444x dense": "ok",
+        "mobilenet pruned 80% sparse file 1.010x dense float32": "MISSED",
+        "mobilenet pruned 80% + int8 gzip 0.190x dense float32 file": "ok",
+        "transformer pruned 80% float32 gzip 0.456x dense": "MISSED",
+        "transformer pruned 80% + dynamic_int8 gzip 0.210x dense float32 file": "MISSED",
+    }
+    fast = _targets(figures, timed([1.0, 1.0, 1.0], [0.69, 0.69, 0.695]))
+    assert any(line.startswith("ok: transformer dynamic_int8") for line in fast)

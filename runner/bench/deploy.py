@@ -28,7 +28,7 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from runner.bench import mib, run_jobs, table
-from runner.bench.noise import take_rounds, take_steps
+from runner.bench.noise import Ratio, take_rounds, take_steps, verdict
 from runner.core.bootstrap import ratio_interval, within_noise
 from runner.core.process import in_fresh_process
 from runner.deploy import child, rounds
@@ -176,16 +176,15 @@ def _targets(figures: dict, timed: dict) -> list[str]:
     key = ("transformer dense", "dynamic_int8")
     if isinstance(timed.get(key), dict) and isinstance(timed.get(base), dict):
         row, ref = timed[key], timed[base]
-        value = row["latency_b1_p50_ms"] / ref["latency_b1_p50_ms"]
-        iv = ratio_interval(row["per_round"]["latency_b1_p50_ms"],
-                            ref["per_round"]["latency_b1_p50_ms"], paired=True)  # fmt: skip
-        far = iv[1] if iv else value
-        shown = _ratio(timed, key, base, "latency_b1_p50_ms")
-        lines.append(_check(
-            far <= 0.7,
-            f"transformer dynamic_int8 batch-1 latency {shown} float32 (<= 0.7x, on the "
-            "interval's far end)",
-        ))  # fmt: skip
+        figure = "latency_b1_p50_ms"
+        ratio = Ratio(
+            row[figure] / ref[figure],
+            ratio_interval(row["per_round"][figure], ref["per_round"][figure], paired=True),
+        )
+        lines.append(
+            f"{verdict([(ratio, 0.7)])}: transformer dynamic_int8 batch-1 latency "
+            f"{_ratio(timed, key, base, figure)} float32 (<= 0.7x, taken on the interval's far end)"
+        )
     for model, int8 in (("mobilenet", "int8"), ("transformer", "dynamic_int8")):
         d, p = figures[f"{model} dense"], figures[f"{model} pruned80"]
         g = p["deploy/float32/file_gzip_bytes"] / d["deploy/float32/file_gzip_bytes"]
