@@ -85,10 +85,14 @@ def _ratio(row: dict, name: str) -> str:
     return f"{value:.3g} [{lo:.3g}, {hi:.3g}]{noise}"
 
 
-def _display(out: list[dict]) -> list[dict]:
+def _display(out: list[dict], short: bool = False) -> list[dict]:
+    """Rows as text; `short`: a status cut to its first words (`not converted`), for the
+    terminal (the Markdown and CSV keep the reason whole)."""
     shown = []
     for row in out:
         cells = {c: cell(row.get(c)) for c in SHOWN}
+        if short:
+            cells["status"] = cells["status"].split(":")[0]
         for name in ("file", "gzip", "b1"):
             cells[f"{name}/base"] = _ratio(row, name)
         shown.append(cells)
@@ -104,13 +108,13 @@ def note(baseline: str) -> str:
     return (
         f"deployment: /base divides by the baseline job's ({baseline}) {BASE} LiteRT file; "
         "b1: batch-1 latency p50; each variant measured in a fresh process (deploy.md in each "
-        "run has the rest)"
+        "run has the rest; deploy_comparison.md each reason whole)"
     )
 
 
 def text(out: list[dict], baseline: str) -> str:
     """The deployment table for the terminal, after the comparison's own."""
-    return "\n".join([table(_display(out), SHOWN), note(baseline)])
+    return "\n".join([table(_display(out, short=True), SHOWN), note(baseline)])
 
 
 def write(out: list[dict], folder: Path, baseline: str) -> list[Path]:
