@@ -40,8 +40,8 @@ EFFICIENTNET_VARIANTS = tuple(f"B{i}" for i in range(8)) + tuple(
 # The pixel range each image model takes, as keras.applications' `preprocess_input` for it
 # defines it (keras/src/applications): mobilenet_v2's maps raw [0, 255]
 # pixels to [-1, 1]; MobileNetV3 and every EfficientNet rescale raw [0, 255] pixels inside the
-# model and their preprocess_input passes pixels through. runner/feed/pipelines.py feeds exactly this
-# range, known before the model is built, so a local `model.weights` file sees what it was
+# model and their preprocess_input passes pixels through. runner/feed/pipelines.py feeds exactly
+# this range, known before the model is built, so a local `model.weights` file sees what it was
 # trained on. Raw pixels also survive the in-model rescaling under 16-bit policies: it runs in
 # the compute dtype, and MobileNetV3's Rescaling(1/127.5, offset=-1) maps [0, 1] inputs onto
 # [-1, -0.992], 3 distinct bfloat16 values (issue 13).
