@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from runner.core.errors import error_line
 from runner.core.start import quiet_stderr
 
 SPARSE_AT = 0.3  # the converter's EXPERIMENTAL_SPARSITY encodes weights >= 30% zeros
@@ -49,8 +50,7 @@ def reason(err: BaseException) -> str:
     select = re.search(r"TF Select ops: ([^\n]+)", text)
     if select:
         return f"{type(err).__name__}: ops LiteRT's builtins lack: {select.group(1).strip()}"
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"{type(err).__name__}: {first}"[:300]
+    return error_line(err)[:300]
 
 
 def kernel_zeros(model) -> float:

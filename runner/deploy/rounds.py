@@ -11,6 +11,7 @@ round gives no interval, and none is made up. A ratio whose interval holds 1 is 
 from collections.abc import Callable
 
 from runner.core.bootstrap import median, ratio_interval, within_noise
+from runner.core.errors import error_line
 
 # The figures that vary from round to round: each row keeps their medians.
 VARYING = (
@@ -34,8 +35,7 @@ def measure(jobs: dict[str, Callable[[], dict]], rounds: int) -> dict[str, list[
             try:
                 out[name].append(job())
             except Exception as err:  # the runtime refused the file: the others go on
-                first = next((s.strip() for s in str(err).splitlines() if s.strip()), "")
-                out[name] = f"not measured: {type(err).__name__}: {first}"[:300]
+                out[name] = f"not measured: {error_line(err)}"[:300]
     return out
 
 
