@@ -199,7 +199,10 @@ def test_architectures_compares_models_on_purpose_and_nothing_else(store):
     smaller = (ARCH[1] + ["data.image_size=32"], (60, 0.1, 100.0))
     for num, (job, figures) in enumerate([*zip(ARCH, ARCH_FIGURES, strict=True), smaller]):
         _log_job(client, experiment, num, job, figures, sweep=parent)
-    runs, out = comparison(client, parent, compose_config(["+experiment=architectures"]).sweep)
+    runs, out, deployed = comparison(
+        client, parent, compose_config(["+experiment=architectures"]).sweep
+    )
+    assert deployed == []  # no job measured a deployment
     apps = ["MobileNetV2", "MobileNetV3Small", "EfficientNetB0"]
     assert [r["job"] for r in out[:4]] == [f"model={a}" for a in ["ResNet50 (baseline)", *apps]]
     assert [r["differs"] for r in out] == ["", "", "", "", "data.image_size"]

@@ -121,8 +121,7 @@ class SweepCallback(Callback):
         client = client_for(config.mlflow.tracking_uri)
         sweep_dir = Path(config.hydra.sweep.dir)
         repeats.aggregate(client, sweep_dir)  # each job's run: its repeats' medians
-        runs, rows = comparison(client, parent_id, config.sweep)
-        deployed = deploy_rows(client, runs, rows, config.sweep)
+        runs, rows, deployed = comparison(client, parent_id, config.sweep)
         name_runs(client, runs, rows)
         for run, row in zip(runs, rows, strict=True):  # a job's run says what its repeats found
             if "repeats" in run.data.tags:
@@ -145,20 +144,16 @@ class SweepCallback(Callback):
         print(summary)
 
 
-def comparison(client: MlflowClient, parent_id: str, sweep) -> tuple[list[Run], list[dict]]:
-    """The sweep's jobs and their comparison rows, divided by its `sweep.baseline`, with the
-    groups it compares on purpose (`sweep.varies`) not marked unlike."""
+def comparison(client: MlflowClient, parent_id: str, sweep) -> tuple[list[Run], list, list]:
+    """The sweep's jobs, their comparison rows, divided by its `sweep.baseline`, with the
+    groups it compares on purpose (`sweep.varies`) not marked unlike, and the comparison's
+    deployment part (deploy=litert jobs; [] when no job measured one)."""
     runs = compare.sweep_runs(client, parent_id)
     repeats = spread.finished(client, runs)  # each job's repeats (sweep.repeats)
-    return runs, compare.rows(runs, sweep.baseline, list(sweep.varies), repeats)
-
-
-def deploy_rows(client: MlflowClient, runs: list[Run], rows: list[dict], sweep) -> list[dict]:
-    """The deployment part of the comparison (deploy=litert jobs), or [] when no job measured
-    one."""
+    rows = compare.rows(runs, sweep.baseline, list(sweep.varies), repeats)
     base = compare.baseline_run(runs, sweep.baseline)
-    labels = [row["job"] for row in rows]
-    return deploy_compare.rows(runs, labels, base, spread.finished(client, runs))
+    deployed = deploy_compare.rows(runs, [row["job"] for row in rows], base, repeats)
+    return runs, rows, deployed
 
 
 def stop(uri: str, signum: int) -> None:

@@ -114,11 +114,7 @@ def rows(runs: list[Run], baseline: str | None = None, varies=(), repeats=None) 
 def _values(runs: list[Run], column: str) -> dict[int, float]:
     """The figure `column` of each run that logged it, by round (its `repeat` tag)."""
     key, scale = next((k, s) for c, k, s in FIGURES if c == column)
-    return {
-        int(r.data.tags.get("repeat", i)): r.data.metrics[key] * scale
-        for i, r in enumerate(runs)
-        if key in r.data.metrics
-    }
+    return spread.by_round(runs, key, scale)
 
 
 def baseline_run(runs: list[Run], name: str | None) -> Run | None:

@@ -42,16 +42,6 @@ def variants(run: Run) -> list[str]:
     return sorted(set(names), key=lambda n: (order.index(n) if n in order else len(order), n))
 
 
-def _values(runs: list[Run], variant: str, figure: str, scale: float) -> dict[int, float]:
-    """The figure of each repeat that logged it, by round (its `repeat` tag)."""
-    key = f"deploy/{variant}/{figure}"
-    return {
-        int(r.data.tags.get("repeat", i)): r.data.metrics[key] * scale
-        for i, r in enumerate(runs)
-        if key in r.data.metrics
-    }
-
-
 def rows(runs: list[Run], labels: list[str], base: Run | None, repeats: list[list[Run]]):
     """One row per (job, variant) of the runs that measured a deployment; [] when none did.
     `labels`: each run's label in the comparison; `repeats[i]`: run i's finished repeats."""
@@ -66,8 +56,8 @@ def rows(runs: list[Run], labels: list[str], base: Run | None, repeats: list[lis
                 row[column] = run.data.metrics[key] * scale if key in run.data.metrics else None
             for column, figure, scale in FIGURES[:3]:
                 name = column.split("_")[0]
-                job = _values(reps, variant, figure, scale)
-                ref = _values(base_reps, BASE, figure, scale)
+                job = spread.by_round(reps, f"deploy/{variant}/{figure}", scale)
+                ref = spread.by_round(base_reps, f"deploy/{BASE}/{figure}", scale)
                 ok = base is not None and row[column] is not None
                 den = base.data.metrics.get(f"deploy/{BASE}/{figure}") if ok else None
                 row[f"{name}/base"] = row[column] / (den * scale) if den else None

@@ -31,6 +31,16 @@ def finished(client: MlflowClient, runs: list[Run]) -> list[list[Run]]:
     return [[r for r in repeats(client, run) if r.info.status == "FINISHED"] for run in runs]
 
 
+def by_round(runs: list[Run], key: str, scale: float = 1.0) -> dict[int, float]:
+    """The metric `key` (times `scale`) of each run that logged it, by round (its `repeat`
+    tag; a run without one is its own round i)."""
+    return {
+        int(r.data.tags.get("repeat", i)): r.data.metrics[key] * scale
+        for i, r in enumerate(runs)
+        if key in r.data.metrics
+    }
+
+
 def add_intervals(out: list[dict], values: list[dict], base: int | None, ratios) -> None:
     """Beside each ratio to the baseline (column `<c>/base`, a ratio of medians), its 95%
     bootstrap interval (`<c>/base_lo`, `_hi`) and verdict (`<c>/base_noise`: within noise,
