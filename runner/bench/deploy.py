@@ -102,17 +102,25 @@ def _time_side_by_side(files: dict[tuple, Path], inputs: dict[str, Path], n: int
     return {k: v if isinstance(v, str) else rounds.combine(v) for k, v in measured.items()}
 
 
-def _ratio(rows: dict, key: tuple, base: tuple, figure: str) -> str:
-    """`0.67x [0.63, 0.70]` (`within noise` when the interval holds 1), or `-`."""
+def _latency(rows: dict, key: tuple, base: tuple, figure: str) -> Ratio | None:
+    """row `key`'s `figure` over row `base`'s: the ratio of their medians, with its interval
+    paired by round; None when either was not timed."""
     row, ref = rows.get(key), rows.get(base)
     if not isinstance(row, dict) or not isinstance(ref, dict):
-        return "-"
-    value = row[figure] / ref[figure]
+        return None
     interval = ratio_interval(row["per_round"][figure], ref["per_round"][figure], paired=True)
-    if interval is None:
-        return f"{value:.2f}x"
-    noise = " within noise" if within_noise(interval) else ""
-    return f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]{noise}"
+    return Ratio(row[figure] / ref[figure], interval)
+
+
+def _shown(ratio: Ratio | None) -> str:
+    """`0.67x [0.63, 0.70]` (`within noise` when the interval holds 1), or `-`."""
+    if ratio is None:
+        return "-"
+    if ratio.interval is None:
+        return f"{ratio.value:.2f}x"
+    lo, hi = ratio.interval
+    noise = " within noise" if within_noise(ratio.interval) else ""
+    return f"{ratio.value:.2f}x [{lo:.2f}, {hi:.2f}]{noise}"
 
 
 def _table(model: str, timed: dict, figures: dict) -> str:
@@ -134,8 +142,8 @@ def _table(model: str, timed: dict, figures: dict) -> str:
             "file/dense_f32": f("file_bytes") / dense["deploy/float32/file_bytes"],
             "gzip/dense_f32_gzip": f("file_gzip_bytes") / dense["deploy/float32/file_gzip_bytes"],
             "b1_p50_ms": row["latency_b1_p50_ms"] if isinstance(row, dict) else None,
-            "b1/dense_f32": _ratio(timed, (job, variant), base, "latency_b1_p50_ms"),
-            "b32/dense_f32": _ratio(timed, (job, variant), base, "latency_batch_p50_ms"),
+            "b1/dense_f32": _shown(_latency(timed, (job, variant), base, "latency_b1_p50_ms")),
+            "b32/dense_f32": _shown(_latency(timed, (job, variant), base, "latency_batch_p50_ms")),
             "RSS_MiB": mib(f("rss_growth_bytes")) if f("rss_growth_bytes") is not None else None,
             "val_acc": f("val_accuracy"),
             "agreement": f("agreement"),
@@ -172,18 +180,13 @@ def _targets(figures: dict, timed: dict) -> list[str]:
             f"mobilenet int8 val accuracy {m['deploy/int8/val_accuracy']:.4f} vs Keras "
             f"{m['deploy/keras/val_accuracy']:.4f} (within 2 points)",
         ))  # fmt: skip
-    base = ("transformer dense", "float32")
-    key = ("transformer dense", "dynamic_int8")
-    if isinstance(timed.get(key), dict) and isinstance(timed.get(base), dict):
-        row, ref = timed[key], timed[base]
-        figure = "latency_b1_p50_ms"
-        ratio = Ratio(
-            row[figure] / ref[figure],
-            ratio_interval(row["per_round"][figure], ref["per_round"][figure], paired=True),
-        )
+    base, key = ("transformer dense", "float32"), ("transformer dense", "dynamic_int8")
+    ratio = _latency(timed, key, base, "latency_b1_p50_ms")
+    if ratio is not None:
         lines.append(
             f"{verdict([(ratio, 0.7)])}: transformer dynamic_int8 batch-1 latency "
-            f"{_ratio(timed, key, base, figure)} float32 (<= 0.7x, taken on the interval's far end)"
+            f"{_shown(ratio)} float32 (<= 0.7x, taken on the "
+            "interval's far end)"
         )
     for model, int8 in (("mobilenet", "int8"), ("transformer", "dynamic_int8")):
         d, p = figures[f"{model} dense"], figures[f"{model} pruned80"]
