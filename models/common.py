@@ -61,13 +61,14 @@ def build_application(spec: DataSpec, application, model: str, weights=None, **k
 
 
 class Sublayer(NamedTuple):
-    """One piece of a layer's computation, for the per-layer profile (runner/measure/layers.py).
+    """One piece of a layer's computation, for the per-layer profile
+    (runner/estimate/layer_rules.py).
 
     fn(*inputs) -> output in training mode; inputs and output are names in the caller's
-    dataflow. kind names the rules runner/measure/layers.py applies (FLOPs per element, what the
-    backward pass keeps). flops: forward FLOPs at the given batch when the kind's rule cannot
-    count them; extra_kept: bytes kept for backward beyond the output (a float32 copy, a mask);
-    activation: the kind of the layer's own activation (Conv2D(..., activation="relu"):
+    dataflow. kind names the rules runner/estimate/layer_rules.py applies (FLOPs per element,
+    what the backward pass keeps). flops: forward FLOPs at the given batch when the kind's rule
+    cannot count them; extra_kept: bytes kept for backward beyond the output (a float32 copy, a
+    mask); activation: the kind of the layer's own activation (Conv2D(..., activation="relu"):
     "Activation:relu"), "" for none.
     """
 

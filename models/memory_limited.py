@@ -16,7 +16,7 @@ The functions below keep, for backward:
 - attention_core: the scaled queries and the keys (for the scores), the probabilities (for
   the softmax), with dropout its 1-byte mask and the dropped probabilities, and the values.
 That is exactly Korthikanti et al. 2022's accounting (34sbh + 5as^2b bytes per layer at 16
-bits with dropout), which runner/measure/estimate.py uses.
+bits with dropout), which runner/estimate/memory.py uses.
 """
 
 import math

@@ -5,7 +5,7 @@ import random
 
 # The suite's sizes and bands were measured under oneDNN's CPU kernels, the default on CPUs with
 # AVX512_VNNI or AMX; without them TensorFlow's own convolution kernels take im2col buffers of up
-# to 30 MiB (runner/measure/conv_scratch.py) and its float32 results differ in the last bits.
+# to 30 MiB (runner/estimate/conv_scratch.py) and its float32 results differ in the last bits.
 # Pinned before TensorFlow loads, here and in every process a test starts, so the suite
 # measures the same kernels on every CPU; tests/test_conv_scratch.py pins the other ones.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

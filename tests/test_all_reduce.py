@@ -1,7 +1,7 @@
 """Under a tf.distribute strategy Keras all-reduces every gradient in one call before it applies
-any, and the collective all-reduce packs them into one tensor (runner/measure/steps.py
+any, and the collective all-reduce packs them into one tensor (runner/estimate/executor_rules.py
 all_reduce_pack): each replica holds all its gradients and their pack, and an accumulating
-step's update call the pack and the all-reduce's result (steps.update_call_bytes). Measured
+step's update call the pack and the all-reduce's result (executor_rules.update_call_bytes). Measured
 in requested bytes above the resting state (tests/peaks.py requested_peaks) of the project's
 replicated step on 2 logical CPUs in a fresh process, 6 calls each."""
 
@@ -24,7 +24,7 @@ distribution.split_cpu(2)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from omegaconf import OmegaConf
-from runner.measure import backward, steps
+from runner.estimate import executor_rules, graph_walk
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import dense_stack, grow_pool, requested_peaks
@@ -43,14 +43,14 @@ batch = strategy.experimental_distribute_values_from_function(lambda ctx: (x[:1]
 out = {"replicas": strategy.num_replicas_in_sync,
        "weights": sum(v.numpy().size * 4 for v in mlp.trainable_variables),
        "measured": requested_peaks(lambda: step(iter([batch]))[0].numpy()),
-       "pack": steps.all_reduce_pack(mlp.trainable_variables)}
+       "pack": executor_rules.all_reduce_pack(mlp.trainable_variables)}
 for name, distributed in (("rule", "mirrored"), ("one device", "none")):
     cfg = OmegaConf.create({"accum": 1, "precision": {"policy": "float32"},
                             "distribution": {"strategy": distributed}})
-    # every gradient and their pack once the backward has ended (estimate._gradient_bytes)
-    waits_for = out["weights"] + steps.all_reduce_pack(mlp.trainable_variables)
-    executor = steps.executor(adam, cfg, cpu_xla=False, gradients=waits_for)
-    out[name] = sum(backward.walk_step(mlp, 1, 4, RematInfo(), executor))
+    # every gradient and their pack once the backward has ended (memory._gradient_bytes)
+    waits_for = out["weights"] + executor_rules.all_reduce_pack(mlp.trainable_variables)
+    executor = executor_rules.executor(adam, cfg, cpu_xla=False, gradients=waits_for)
+    out[name] = sum(graph_walk.walk_step(mlp, 1, 4, RematInfo(), executor))
 
 # accum=2: each micro-batch's gradient added into the replica's sum as it comes (the replica's
 # function is inlined without XLA), then the update's call all-reduces the sums
@@ -65,13 +65,13 @@ out["micro"] = requested_peaks(lambda: calls["add_micro_batch"](*batch, False).n
 out["update"] = requested_peaks(lambda: calls["apply_sum"]([tf.constant(0.0)] * 2)[0].numpy())
 cfg = OmegaConf.create({"accum": 2, "precision": {"policy": "float32"},
                         "distribution": {"strategy": "mirrored"}})
-executor = steps.executor(adam2, cfg, cpu_xla=False)
-kept, work, in_flight = backward.walk_step(mlp2, 1, 4, RematInfo(), executor)
+executor = executor_rules.executor(adam2, cfg, cpu_xla=False)
+kept, work, in_flight = graph_walk.walk_step(mlp2, 1, 4, RematInfo(), executor)
 # as the estimate counts them: the walk's in flight, or every gradient when it has no slots
 out["micro rule"] = kept + work + (in_flight if executor.slots else out["weights"] + in_flight)
 out["micro kept"] = kept + work  # a replica's activations and workspace at that peak
-out["update rule"] = steps.update_call_bytes(
-    mlp2.trainable_variables, adam2, steps.inter_op_threads(), True)
+out["update rule"] = executor_rules.update_call_bytes(
+    mlp2.trainable_variables, adam2, executor_rules.inter_op_threads(), True)
 out["largest"] = max(v.numpy().size * 4 for v in mlp2.trainable_variables)
 print("RESULT " + json.dumps(out))
 """

@@ -1,4 +1,4 @@
-"""The estimate's backward walk on functional graphs (runner/measure/backward.py): where the peak
+"""The estimate's backward walk on functional graphs (runner/estimate/graph_walk.py): where the peak
 is, what a concatenation's backward holds, and what GELU keeps, against the allocator."""
 
 import keras
@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from runner.core.process import in_fresh_process
-from runner.measure import backward, layers, step_timeline
+from runner.estimate import graph_walk, layer_rules, timeline
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import least_peak
 
@@ -40,7 +40,7 @@ def test_the_peak_is_a_concatenations_backward_beside_the_next_convolutions_filt
     # (c's own backward: 1536 + 1280; b's: 512 + 1024 + a's gradient waiting, 512). Without
     # the concatenation's input gradients the peak was c's backward (1536 + 1280); without
     # the filter gradient's overlap, the concatenation's (512 + 2048).
-    activations, workspace = backward.walk(skip_and_concat(), 4, 4, RematInfo())
+    activations, workspace = graph_walk.walk(skip_and_concat(), 4, 4, RematInfo())
     assert (activations, workspace) == (1536 * 4 * 4, 2304 * 4 * 4)
 
 
@@ -76,8 +76,8 @@ def test_gelu_keeps_three_tensors_its_gradient_reads_as_measured():
     x = tf.random.normal((8, 16, 16, 32))
     tensor = 8 * 16 * 16 * 32 * 4
     measured = (_peak_over_step(gelu_chain(6), x) - _peak_over_step(gelu_chain(2), x)) / 4
-    assert layers.OWN_KEPT["Activation:gelu"] == 3
-    estimated = [backward.walk(gelu_chain(d), 8, 4, RematInfo()) for d in (2, 6)]
+    assert layer_rules.OWN_KEPT["Activation:gelu"] == 3
+    estimated = [graph_walk.walk(gelu_chain(d), 8, 4, RematInfo()) for d in (2, 6)]
     per_layer = (sum(estimated[1]) - sum(estimated[0])) / 4
     assert per_layer == 3 * tensor
     assert 0.85 <= measured / per_layer <= 1.25
@@ -90,7 +90,7 @@ def test_a_depthwise_grouped_convolution_holds_xlas_dense_filter_gradient_at_any
     model = _grouped()
     buffer = 2 * 7 * 7 * 64 * 64 * 4
     for batch in (1, 8):
-        activations, workspace = backward.walk(model, batch, 4, RematInfo())
+        activations, workspace = graph_walk.walk(model, batch, 4, RematInfo())
         assert workspace == buffer + 2 * 4 * 4 * 64 * 4 * batch  # and its gradient pair
     # A fresh process: in one that ran other tests, the allocator's free chunks held each of
     # the two 802,816-byte buffers whole (it splits a chunk only at twice the request), and the
@@ -116,9 +116,9 @@ def test_under_xla_on_a_cpu_a_depthwise_convolution_holds_the_dense_filter_gradi
     # TensorFlow's own depthwise kernels hold no such buffer.
     model = _depthwise()
     buffer = 2 * 3 * 3 * 256 * 256 * 4
-    assert layers.grouped_conv_bytes(model.layers[1], xla=False) == 0
+    assert layer_rules.grouped_conv_bytes(model.layers[1], xla=False) == 0
     walked = {
-        xla: sum(backward.walk_step(model, 8, 4, RematInfo(), step_timeline.Executor(cpu_xla=xla)))
+        xla: sum(graph_walk.walk_step(model, 8, 4, RematInfo(), timeline.Executor(cpu_xla=xla)))
         for xla in (False, True)
     }
     assert walked[True] - walked[False] == buffer
@@ -174,8 +174,8 @@ def test_under_xla_on_a_cpu_convolution_kernels_are_kept_transposed_and_in_float
         # The estimate walks a step XLA compiles on a CPU at float32's width (CPU_XLA_BYTES).
         walked = {
             xla: sum(
-                backward.walk_step(
-                    model, 2, 4 if xla else p, RematInfo(), step_timeline.Executor(cpu_xla=xla)
+                graph_walk.walk_step(
+                    model, 2, 4 if xla else p, RematInfo(), timeline.Executor(cpu_xla=xla)
                 )
             )
             for xla in (False, True)
@@ -221,7 +221,7 @@ def test_hard_swish_keeps_its_input_and_two_tensors_its_gradient_reads_as_measur
     tensor = 8 * 16 * 16 * 32 * 4
     chains = {d: gelu_chain(d, "hard_swish") for d in (2, 6)}
     measured = (_peak_over_step(chains[6], x) - _peak_over_step(chains[2], x)) / 4
-    estimated = [sum(backward.walk(chains[d], 8, 4, RematInfo())) for d in (2, 6)]
+    estimated = [sum(graph_walk.walk(chains[d], 8, 4, RematInfo())) for d in (2, 6)]
     per_layer = (estimated[1] - estimated[0]) / 4
     assert per_layer == 3 * tensor
     # 0.85-1.25 as the GELU chain's: in a suite worker the allocator's chunks read 1.114
@@ -242,7 +242,7 @@ def test_global_average_pooling_of_a_16_bit_map_holds_a_float32_gradient_of_its_
     # at the map's own width, 6 in all) read 1.33x. A fresh process: in a suite worker that
     # had run other tests, the allocator's free chunks read 5,980,160 bytes (1.43x).
     measured = in_fresh_process(_pooled_peak)
-    estimated = sum(backward.walk(_pooled_16_bit(), 8, 2, RematInfo()))
+    estimated = sum(graph_walk.walk(_pooled_16_bit(), 8, 2, RematInfo()))
     assert 0.85 <= measured / estimated <= 1.25, (measured, estimated)
 
 
@@ -281,7 +281,7 @@ def test_a_layers_own_activation_is_walked_and_a_relus_gradient_takes_no_buffer(
     model = _wide(activation, own)
     x, y = tf.random.normal((b, 16)), tf.zeros((b,), tf.int32)
     measured = step_peak(model, x, y, peak=requested_peak)
-    kept, work, _ = backward.walk_step(model, b, 4, RematInfo(), step_timeline.Executor())
+    kept, work, _ = graph_walk.walk_step(model, b, 4, RematInfo(), timeline.Executor())
     assert round((kept + work) / tensor) == maps, (kept, work)
     assert 0.9 <= measured / (kept + work) <= 1.15, (measured, kept + work)
     assert not 0.9 <= measured / (before * tensor) <= 1.15 or maps == before

@@ -203,7 +203,7 @@ def test_a_transformer_trains_with_chunked_attention(extra, tiny_cfg):
         tiny_cfg("transformer", "model.attention=chunked", "model.attention_block=4", *extra)
     )
     assert result["steps"] == 3 and math.isfinite(result["train/final_loss"]), result
-    # The estimate models a chunked core (runner/measure/chunked.py): a total is logged, and
+    # The estimate models a chunked core (runner/estimate/chunked_core.py): a total is logged, and
     # no note that the activations are not modelled.
     assert result["mem/estimate/activations_bytes"] > 0 and result["mem/estimate_bytes"] > 0
     tags = MlflowClient(tracking_uri=tiny_cfg().mlflow.tracking_uri).get_run(result["run_id"])
@@ -243,7 +243,7 @@ import json, os
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import tensorflow as tf
 from models.chunked_attention import chunked_attention_core
-from runner.measure import chunked
+from runner.estimate import chunked_core
 from tests.peaks import grow_pool, least_peak
 
 grow_pool()
@@ -261,14 +261,16 @@ for b, a, rate in ((1, 8, 0.0), (2, 4, 0.0), (1, 8, 0.1), (2, 4, 0.1), (8, 1, 0.
     q, k, v, dout = (tf.random.normal((b, s, a, d), seed=i) for i in range(4))
     peak = least_peak(lambda: [g.numpy() for g in step(q, k, v, dout)])
     h = a * d
-    rule = chunked.workspace(s, b, h, a, 4, rate, block, True) + chunked.kept(s, b, a, h, True)
+    rule = chunked_core.workspace(s, b, h, a, 4, rate, block, True)
+    rule += chunked_core.kept(s, b, a, h, True)
     out.append([b, a, rate, peak, rule, 4 * a * s * block * b])
 print("RESULT " + json.dumps(out))
 """
 
 
 def test_under_xla_a_unit_batch_or_head_gives_one_more_key_block_its_own_storage():
-    """XLA's plan of the core's backward on a CPU (runner/measure/chunked.py xla_block_buffers):
+    """XLA's plan of the core's backward on a CPU (runner/estimate/chunked_core.py
+    xla_block_buffers):
     with b and a above 1 a fusion writes the dropped probabilities (or, without dropout, their
     gradient) over the probabilities; with either 1 its output drops the unit dimension, and a
     buffer of another shape is not shared. The shapes keep s*b*h and a*s*block*b equal, so the

@@ -1,12 +1,12 @@
-"""The backward walk's two executor rules (runner/measure/backward.py Executor), each against
+"""The backward walk's two executor rules (runner/estimate/graph_walk.py Executor), each against
 the allocator's measured peak of a step in a fresh process that pins what they depend on:
 - TensorFlow's own CPU convolution kernels (TF_ENABLE_ONEDNN_OPTS=0) take im2col buffers
-  sized to a 30 MiB working set, whatever the batch (runner/measure/conv_scratch.py);
+  sized to a 30 MiB working set, whatever the batch (runner/estimate/conv_scratch.py);
 - weight gradients are applied as they come, by as many updates at once as the executor has
   inter-op threads (2 here), each holding its gradient and Adam's two buffers; in an
   accumulating step's micro-batch each is added into its sum on the thread that computed it
   (as many at once as threads), and the update's own call holds a waiting buffer of every
-  variable beside the threads' chains (runner/measure/steps.py). These are bounds: each is
+  variable beside the threads' chains (runner/estimate/executor_rules.py). These are bounds: each is
   held against the most of 6 calls, read in requested bytes above the resting state
   (tests/peaks.py requested_peaks).
 Without either rule the estimate misses most of the step: the convolutions' tensors are under
@@ -29,7 +29,7 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from omegaconf import OmegaConf
-from runner.measure import backward, conv_scratch, step_timeline, steps
+from runner.estimate import conv_scratch, executor_rules, graph_walk, timeline
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import accumulating_calls, dense_stack, grow_pool, requested_peaks, step_peak
 
@@ -43,9 +43,9 @@ b = 3
 x, y = tf.random.normal((b, 51, 51, 3)), tf.zeros((b,), tf.int32)
 out["cnn"] = step_peak(cnn, x, y, None)
 threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-for name, executor in [("cnn_rule", step_timeline.Executor(conv_threads=threads)),
-                       ("cnn_without", step_timeline.Executor())]:
-    kept, work, _ = backward.walk_step(cnn, b, 4, RematInfo(), executor)
+for name, executor in [("cnn_rule", timeline.Executor(conv_threads=threads)),
+                       ("cnn_without", timeline.Executor())]:
+    kept, work, _ = graph_walk.walk_step(cnn, b, 4, RematInfo(), executor)
     out[name] = kept + work
 
 # The Dense stacks' steps read in requested bytes (the profiler's memory events), 6 calls each:
@@ -58,22 +58,24 @@ x, y = tf.random.normal((1, 192)), tf.zeros((1,), tf.int32)
 adam = keras.optimizers.Adam(1e-3)
 out["mlp"] = step_peak(mlp, x, y, adam, peak=requested_peaks)
 out["mlp_grads"] = sum(v.numpy().size * 4 for v in mlp.trainable_variables)
-kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), steps.executor(adam, one, False))
+executor = executor_rules.executor(adam, one, False)
+kept, work, grads = graph_walk.walk_step(mlp, 1, 4, RematInfo(), executor)
 out["mlp_rule"] = kept + work + grads
 # The same stack in an accumulating step: a micro-batch adds each gradient into its sum as it
 # comes, the update's own call applies the sums.
 adam = keras.optimizers.Adam(1e-3)
 micro, update = accumulating_calls(mlp, x, y, adam)
 out["micro"], out["update"] = requested_peaks(micro), requested_peaks(update)
-kept, work, grads = backward.walk_step(mlp, 1, 4, RematInfo(), steps.executor(adam, two, False))
+executor = executor_rules.executor(adam, two, False)
+kept, work, grads = graph_walk.walk_step(mlp, 1, 4, RematInfo(), executor)
 out["micro_rule"] = kept + work + grads
 out["largest"] = max(v.numpy().size * 4 for v in mlp.trainable_variables)
-out["update_rule"] = steps.update_call_bytes(mlp.trainable_variables, adam, 2)
+out["update_rule"] = executor_rules.update_call_bytes(mlp.trainable_variables, adam, 2)
 # Fifteen 1 MiB kernels: many more updates than threads in the update's call.
 deep = dense_stack(16, 512, 192)
 adam = keras.optimizers.Adam(1e-3)
 out["deep_update"] = requested_peaks(accumulating_calls(deep, x, y, adam)[1])
-out["deep_update_rule"] = steps.update_call_bytes(deep.trainable_variables, adam, 2)
+out["deep_update_rule"] = executor_rules.update_call_bytes(deep.trainable_variables, adam, 2)
 out["deep_largest"] = max(v.numpy().size * 4 for v in deep.trainable_variables)
 print("RESULT " + json.dumps(out))
 """
@@ -99,9 +101,9 @@ def test_the_executor_rules_hold_the_measured_step():
     assert r["cnn"] > 4 * r["cnn_without"], r
     assert 0.85 <= r["cnn"] / r["cnn_rule"] <= 1.6, r
     # The Dense stacks' rules are bounds on what the executor may hold at once
-    # (runner/measure/steps.py): held against the most of 6 calls, and each must be reached
-    # in some call, or the bound says nothing. Which calls reach it is the executor's timing:
-    # beside two busy processes more calls did.
+    # (runner/estimate/executor_rules.py): held against the most of 6 calls, and each must be
+    # reached in some call, or the bound says nothing. Which calls reach it is the executor's
+    # timing: beside two busy processes more calls did.
     # accum=1, two 16 MiB kernels: two updates at once, each its gradient and Adam's two
     # buffers (96 MiB), where all gradients at once would be 34 MiB: 80-96 MiB a call, the
     # most 96.0 in every run here. Issue 48's 1.135 (109 MiB in the allocator's chunks, no sum

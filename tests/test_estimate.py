@@ -10,7 +10,8 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner.measure import chunked, estimate, flops, step_timeline, transformer_memory  # noqa: E402
+from runner.estimate import chunked_core, memory, timeline, transformer_form  # noqa: E402
+from runner.measure import flops
 from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.track.compare import PARTS  # noqa: E402  (every part the estimate has)
 from runner.train.job import build_model  # noqa: E402
@@ -48,13 +49,13 @@ def trainable_bytes(model):
 
 
 def activations(*extra):
-    return estimate.estimate_memory(*built("transformer", *extra))["activations"]
+    return memory.estimate_memory(*built("transformer", *extra))["activations"]
 
 
 @pytest.mark.parametrize("extra", [[], ["precision=mixed", "accum=4"], ["precision=bf16"]])
 @pytest.mark.usefixtures("fresh_session")
 def test_parts_sum_to_total(extra):
-    parts = estimate.estimate_memory(*built("transformer", *extra))
+    parts = memory.estimate_memory(*built("transformer", *extra))
     assert set(parts) == set(PARTS) | {"total"}
     assert all(v >= 0 for v in parts.values())
     assert parts["total"] == sum(parts[k] for k in PARTS)
@@ -66,7 +67,7 @@ def test_parts_sum_to_total(extra):
 @pytest.mark.usefixtures("fresh_session")
 def test_optimizer_slots(optimizer, slots):
     model, opt, cfg, spec = built("transformer", f"trainer.optimizer={optimizer}")
-    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    parts = memory.estimate_memory(model, opt, cfg, spec)
     extra = parts["optimizer"] - slots * trainable_bytes(model)
     assert 0 <= extra <= SCALAR_BYTES
     assert parts["params"] == parts["gradients"] == trainable_bytes(model)
@@ -76,14 +77,14 @@ def test_optimizer_slots(optimizer, slots):
 def test_loss_scale_optimizer_counts_inner_slots():
     model, opt, cfg, spec = built("transformer", "precision=mixed")
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
-    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    parts = memory.estimate_memory(model, opt, cfg, spec)
     extra = parts["optimizer"] - 2 * trainable_bytes(model)
     assert 0 <= extra <= SCALAR_BYTES
     # Every gradient waits for the check: none at the loss (the head's are its backward's),
     # the head's at the last layer's backward, all but the embedding's at the first layer's,
     # and at the end the scaled gradients beside their quotients by the scale.
     every = trainable_bytes(model)
-    alive = estimate._gradients_alive(model.trainable_variables, opt, cfg, spec, 2 * every)
+    alive = memory._gradients_alive(model.trainable_variables, opt, cfg, spec, 2 * every)
     head = (cfg.model.h + 1) * spec.num_classes * 4
     assert alive == (0, head, every - spec.vocab_size * cfg.model.h * 4, 2 * every)
     assert parts["gradients"] in alive
@@ -92,10 +93,10 @@ def test_loss_scale_optimizer_counts_inner_slots():
 @pytest.mark.usefixtures("fresh_session")
 def test_a_loss_scaled_cnn_holds_both_copies_of_its_gradients_only_after_its_backward():
     # The walk's moment holds the scaled gradients made so far, the end both copies of all
-    # (step_timeline.Executor.waits_for; tests/test_gradient_graph.py measures it): never
+    # (timeline.Executor.waits_for; tests/test_gradient_graph.py measures it): never
     # both copies beside the walk's own gradients.
     model, opt, cfg, spec = built("mobilenet", "precision=mixed")
-    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    parts = memory.estimate_memory(model, opt, cfg, spec)
     every = trainable_bytes(model)
     assert 0 < parts["gradients"] <= 2 * every, (parts["gradients"], every)
 
@@ -104,7 +105,7 @@ def test_a_loss_scaled_cnn_holds_both_copies_of_its_gradients_only_after_its_bac
 @pytest.mark.usefixtures("fresh_session")
 def test_accumulation_buffer(accum, copies):
     model, opt, cfg, spec = built("transformer", f"accum={accum}")
-    parts = estimate.estimate_memory(model, opt, cfg, spec)
+    parts = memory.estimate_memory(model, opt, cfg, spec)
     assert parts["accumulation"] == copies * trainable_bytes(model)
 
 
@@ -115,47 +116,47 @@ def test_what_the_pipeline_holds_counts_on_a_cpu_not_on_a_gpu():
     # holds the step's own micro-batch only.
     model, opt, cfg, _ = built("mobilenet")
     spec = DataSpec("image", (32, 32, 3), 10, held_bytes=123_456)
-    cpu = estimate.estimate_memory(model, opt, cfg, spec)
-    gpu = estimate.estimate_memory(model, opt, cfg, spec, on_gpu=True)
+    cpu = memory.estimate_memory(model, opt, cfg, spec)
+    gpu = memory.estimate_memory(model, opt, cfg, spec, on_gpu=True)
     assert (cpu["data"], gpu["data"]) == (123_456, 0)
     micro_batch = cfg.data.batch_size * 32 * 32 * 3 * 4
-    moved = (estimate.INPUT_MICRO_BATCHES - 1) * micro_batch
+    moved = (memory.INPUT_MICRO_BATCHES - 1) * micro_batch
     assert cpu["activations"] - gpu["activations"] == moved
 
 
 def test_a_gpus_name_is_told_from_a_cpus():
     # runner.train.device.describe names a GPU by its model, without the word "GPU"
-    assert estimate.on_gpu("NVIDIA H200") and estimate.on_gpu("/GPU:0")
-    assert not estimate.on_gpu("CPU AMD EPYC (2 cores)")
+    assert memory.on_gpu("NVIDIA H200") and memory.on_gpu("/GPU:0")
+    assert not memory.on_gpu("CPU AMD EPYC (2 cores)")
 
 
 @pytest.mark.usefixtures("fresh_session")
 def test_the_allocators_share_is_counted_on_a_step_without_xla_only():
     for name in ("mobilenet", "transformer"):
         model, opt, cfg, spec = built(name)
-        parts = estimate.estimate_memory(model, opt, cfg, spec)
+        parts = memory.estimate_memory(model, opt, cfg, spec)
         step = parts["activations"] + parts["workspace"] + parts["gradients"]
-        assert parts["allocator"] == int(estimate.ALLOCATOR_WASTE * step) > 0, name
+        assert parts["allocator"] == int(memory.ALLOCATOR_WASTE * step) > 0, name
         # under XLA the buffers are its plan's
-        assert estimate.estimate_memory(model, opt, cfg, spec, cpu_xla=True)["allocator"] == 0
+        assert memory.estimate_memory(model, opt, cfg, spec, cpu_xla=True)["allocator"] == 0
 
 
 @pytest.mark.usefixtures("fresh_session")
 def test_masks_only_when_pruning():
     model, opt, cfg, spec = built("transformer")
-    assert estimate.estimate_memory(model, opt, cfg, spec)["masks"] == 0
+    assert memory.estimate_memory(model, opt, cfg, spec)["masks"] == 0
     cfg.pruning.schedule = "polynomial"
-    masks = estimate.estimate_memory(model, opt, cfg, spec)["masks"]
+    masks = memory.estimate_memory(model, opt, cfg, spec)["masks"]
     h, vocab = cfg.model.h, TOKENS.num_classes
     # q, k, v, attention output (h x h each), mlp_up and mlp_down (4h^2 each), logits (h x vocab).
     assert masks == (4 * h * h + 8 * h * h + h * vocab) * 4
 
 
 def kept(*extra) -> dict[str, int]:
-    """transformer_memory.kept for the tiny transformer (no model built: cfg and spec only)."""
+    """transformer_form.kept for the tiny transformer (no model built: cfg and spec only)."""
     cfg = compose_config(tiny_overrides("transformer") + list(extra))
-    p = estimate.ACTIVATION_BYTES[cfg.precision.policy]
-    return transformer_memory.kept(cfg, TOKENS, p, estimate.attention_block(cfg, TOKENS))
+    p = memory.ACTIVATION_BYTES[cfg.precision.policy]
+    return transformer_form.kept(cfg, TOKENS, p, memory.attention_block(cfg, TOKENS))
 
 
 def layers_and_head(*extra) -> int:
@@ -197,7 +198,7 @@ def test_16_bit_layer_with_dropout_is_korthikantis_34_plus_5as_over_h(s, b, h, a
     # Asymmetric sizes (s != h, as/h not 1): swapping the sbh and as^2b coefficients fails.
     assert a * s != h and s != h
     expected = s * b * h * (34 + 5 * a * s / h)
-    assert transformer_memory.layer_bytes(s, b, h, a, 2, 0.1) == expected
+    assert transformer_form.layer_bytes(s, b, h, a, 2, 0.1) == expected
 
 
 def test_selective_drops_the_attention_core_but_one():
@@ -236,21 +237,21 @@ def test_the_transformers_peak_is_its_loss_or_its_last_layers_backward_not_both(
     big = ["data.vocab_size=4096", "checkpointing=blocks"]
     cfg = compose_config(tiny_overrides("transformer") + big)
     spec = DataSpec("tokens", (8,), 4096, per_token=True, vocab_size=4096)
-    held = transformer_memory.kept(cfg, spec, 4, None)
-    act, work, _ = transformer_memory.activations(cfg, spec, 4, None)
+    held = transformer_form.kept(cfg, spec, 4, None)
+    act, work, _ = transformer_form.activations(cfg, spec, 4, None)
     assert (act, work) == (held["forward"] + held["head"], held["head_backward"])
     assert held["head"] == 4 * 8 * 4096 * 4 and held["head_backward"] == (32 * 16 + 16 * 4096) * 4
     cfg = compose_config(tiny_overrides("transformer") + ["checkpointing=blocks"])
-    held = transformer_memory.kept(cfg, TOKENS, 4, None)
-    act, work, _ = transformer_memory.activations(cfg, TOKENS, 4, None)
+    held = transformer_form.kept(cfg, TOKENS, 4, None)
+    act, work, _ = transformer_form.activations(cfg, TOKENS, 4, None)
     # here the last layer's MLP backward: GELU's output gradient and two float32 products
     assert (act, work) == (held["backward"], 48 * 8 * 4 * 16)
-    parts = estimate.estimate_memory(*built("transformer", "checkpointing=blocks"))
+    parts = memory.estimate_memory(*built("transformer", "checkpointing=blocks"))
     assert (parts["activations"], parts["workspace"]) == (act, work)
 
 
 def test_a_chunked_cores_backward_is_counted_after_its_layers_mlp_half_is_freed():
-    """chunked.workspace is the core's own (measured on the core alone); when the core's
+    """chunked_core.workspace is the core's own (measured on the core alone); when the core's
     backward runs, its layer's MLP activations (10sbh elements, and the two residual dropout
     masks) are freed. The standard core's fitted constants were fitted with them counted."""
     s, b, h = 256, 4, 16
@@ -259,18 +260,18 @@ def test_a_chunked_cores_backward_is_counted_after_its_layers_mlp_half_is_freed(
     for dropout in (0.0, 0.1):
         extra = ["model.attention=chunked", "model.attention_block=64", f"model.dropout={dropout}"]
         cfg = compose_config(tiny_overrides("transformer") + extra)
-        held = transformer_memory.kept(cfg, spec, 4, 64)
-        act, work, _ = transformer_memory.activations(cfg, spec, 4, 64)
+        held = transformer_form.kept(cfg, spec, 4, 64)
+        act, work, _ = transformer_form.activations(cfg, spec, 4, 64)
         freed = 10 * sbh * 4 + (2 * sbh if dropout else 0)
         assert (act, work) == (
             held["backward"] - freed,
-            chunked.workspace(s, b, h, 2, 4, dropout, 64),
+            chunked_core.workspace(s, b, h, 2, 4, dropout, 64),
         )
-        assert act + work > held["backward"] + transformer_memory.mlp_workspace(sbh, 4)
+        assert act + work > held["backward"] + transformer_form.mlp_workspace(sbh, 4)
     cfg = compose_config(tiny_overrides("transformer") + ["data.seq_len=256"])
-    act, work, _ = transformer_memory.activations(cfg, spec, 4, None)
-    core = transformer_memory.core_workspace(s, b, h, 2, 4, 0.0)
-    assert (act, work) == (transformer_memory.kept(cfg, spec, 4, None)["backward"], core)
+    act, work, _ = transformer_form.activations(cfg, spec, 4, None)
+    core = transformer_form.core_workspace(s, b, h, 2, 4, 0.0)
+    assert (act, work) == (transformer_form.kept(cfg, spec, 4, None)["backward"], core)
 
 
 @pytest.mark.usefixtures("fresh_session")
@@ -282,9 +283,9 @@ def test_unknown_checkpointing_policy_fails():
 @pytest.mark.usefixtures("fresh_session")
 def test_cnn_activations_proportional_to_batch():
     model, opt, cfg, spec = built("mobilenet")
-    small = estimate.estimate_memory(model, opt, cfg, spec)["activations"]
+    small = memory.estimate_memory(model, opt, cfg, spec)["activations"]
     cfg.data.batch_size *= 2
-    large = estimate.estimate_memory(model, opt, cfg, spec)["activations"]
+    large = memory.estimate_memory(model, opt, cfg, spec)["activations"]
     assert small > 0 and large == 2 * small
 
 
@@ -369,9 +370,9 @@ def test_workspace_without_xla_is_the_largest_float32_temporary():
     model, opt, cfg, spec = built("transformer", "model.layers=3")
     # s=8, b=4, h=16, a=2: GELU's backward (48sbh = 24576 bytes in float32: its output
     # gradient and two float32 products) beats the scores' 3.2as^2b = 1638.
-    assert estimate.estimate_memory(model, opt, cfg, spec)["workspace"] == 48 * 512
+    assert memory.estimate_memory(model, opt, cfg, spec)["workspace"] == 48 * 512
     bf16 = built("transformer", "model.layers=3", "precision=bf16")
-    assert estimate.estimate_memory(*bf16)["workspace"] == 56 * 512  # float32 copies
+    assert memory.estimate_memory(*bf16)["workspace"] == 56 * 512  # float32 copies
     # 16 heads at 64 tokens: as^2b = 16*64*64*4 = 262144 elements against sbh = 4096. The
     # scores' temporaries (per element by precision and dropout, fitted) win over GELU's
     # (48 or 56 sbh), the same for every policy.
@@ -387,18 +388,18 @@ def test_workspace_without_xla_is_the_largest_float32_temporary():
             cfg = compose_config(
                 tiny_overrides("transformer") + extra + [f"checkpointing={policy}"]
             )
-            p = estimate.ACTIVATION_BYTES[cfg.precision.policy]
-            _, work, _ = transformer_memory.activations(cfg, long, p, None)
+            p = memory.ACTIVATION_BYTES[cfg.precision.policy]
+            _, work, _ = transformer_form.activations(cfg, long, p, None)
             assert work == int(per_score * 262144), (policy_name, dropout, policy)
 
 
 def xla(*extra, spec=TOKENS):
     """The estimate of the tiny transformer compiled by XLA for a CPU."""
     model, optimizer, cfg, _ = built("transformer", *extra)
-    return estimate.estimate_memory(model, optimizer, cfg, spec, True)
+    return memory.estimate_memory(model, optimizer, cfg, spec, True)
 
 
-# runner/measure/xla_memory.py written out for s=8, b=4, h=16, a=2 (sbh = as^2b = 512): a layer
+# runner/estimate/xla_fitted.py written out for s=8, b=4, h=16, a=2 (sbh = as^2b = 512): a layer
 # keeps (16 + 4) x 512 + 512 elements of 4 bytes = 43008, embedding and final norm 2 x 512 x 4.
 XLA_LAYER, XLA_EDGES = 43008, 4096
 
@@ -511,7 +512,7 @@ def test_under_xla_only_float32_updates_free_gradients_as_they_come():
     assert xla("precision=bf16")["gradients"] == sum(sizes)
     # An accumulating step adds every gradient to its sum after the backward: all alive.
     assert xla("accum=2")["gradients"] == sum(sizes)
-    assert estimate.estimate_memory(*built("transformer"))["gradients"] == sum(sizes)
+    assert memory.estimate_memory(*built("transformer"))["gradients"] == sum(sizes)
 
 
 def two_block_cnn():
@@ -540,7 +541,7 @@ def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(
     name, activations, workspace, copies
 ):
     # Inside the last rebuilt block the peak is the BatchNorm's backward: its 512-element output
-    # gradient beside three float32 temporaries of its input (runner/measure/layers.py
+    # gradient beside three float32 temporaries of its input (runner/estimate/layer_rules.py
     # NORM_TEMPORARIES). Alive then: the two segments' inputs (256 each), the expansion's
     # output the BatchNorm reads (512) and four micro-batches of input (4 x 192: the step's and
     # those the pipeline holds, estimate.INPUT_MICRO_BATCHES); the ReLU's output was freed by
@@ -559,10 +560,10 @@ def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(
         optimizer.build(model.trainable_variables)
     assert remat.segments == 2
     b = cfg.data.batch_size
-    # The layers' rules alone: the executor's (runner/measure/conv_scratch.py's buffers, the
+    # The layers' rules alone: the executor's (runner/estimate/conv_scratch.py's buffers, the
     # gradients in flight) depend on the CPU's kernels and are tested in test_conv_scratch.
-    p = estimate.ACTIVATION_BYTES[cfg.precision.policy]
-    kept, work, _ = estimate._graph_activations(model, b, p, remat, step_timeline.Executor())
+    p = memory.ACTIVATION_BYTES[cfg.precision.policy]
+    kept, work, _ = memory._graph_activations(model, b, p, remat, timeline.Executor())
     assert (kept, work) == (activations * b + copies, workspace * b)
 
 

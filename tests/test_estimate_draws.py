@@ -64,7 +64,7 @@ def test_the_estimate_holds_on_jobs_drawn_at_random(capsys):
 # of the estimate with one copy of the gradients there, 0.842 with two (as an accum=1 step
 # holds). Seed 388292's draw 10 (the suite's draws, 1 layer, h=168, vocabulary 3996, micro-batch
 # 1, chunked) peaks in that update call, whose XLA plan holds two copies of every gradient
-# (xla_memory.update_call_bytes): 1.085 with the call weighed, 1.246 without.
+# (xla_fitted.update_call_bytes): 1.085 with the call weighed, 1.246 without.
 MISSED = {
     "seed 988575 draw 1": {
         "model": "transformer", "model.h": 60, "model.layers": 5, "model.heads": 5,

@@ -1,5 +1,5 @@
 """Which gradients a training step computes, and how long a waiting step holds them, in the
-backward walk (runner/measure/backward.py), against the allocator's peak of a step in a fresh
+backward walk (runner/estimate/graph_walk.py), against the allocator's peak of a step in a fresh
 process with TensorFlow's own CPU convolution kernels (their im2col buffers, conv_scratch.py,
 make the difference large):
 - TensorFlow prunes the gradients no weight needs: a convolution that reads a Rescaling of the
@@ -23,7 +23,7 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from omegaconf import OmegaConf
-from runner.measure import backward, step_timeline, steps
+from runner.estimate import executor_rules, graph_walk, timeline
 from runner.techniques import accumulation
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import grow_pool, least_peak, most_peak, step_peak
@@ -38,11 +38,11 @@ rescaled = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(h)))
 b = 3
 x, y = tf.random.normal((b, 51, 51, 3)), tf.zeros((b,), tf.int32)
 threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()
-executor = step_timeline.Executor(conv_threads=threads)
+executor = timeline.Executor(conv_threads=threads)
 out["rescaled"] = step_peak(rescaled, x, y, None)
-out["rescaled rule"] = sum(backward.walk_step(rescaled, b, 4, RematInfo(), executor))
+out["rescaled rule"] = sum(graph_walk.walk_step(rescaled, b, 4, RematInfo(), executor))
 out["rescaled with input gradient"] = sum(
-    backward.walk_step(rescaled, b, 4, RematInfo(), executor, input_gradient=True))
+    graph_walk.walk_step(rescaled, b, 4, RematInfo(), executor, input_gradient=True))
 # A loss-scaled step: a convolution's filter gradient (its im2col buffer) runs last, when
 # every Dense gradient exists (16 MiB), but not yet their quotients.
 inp = keras.Input((51, 51, 3))
@@ -58,10 +58,11 @@ step = accumulation.make_train_step(stack, optimizer, loss_fn, 1, False)
 out["scaled"] = least_peak(lambda: step(iter([(x, y)]))[0].numpy())
 cfg = OmegaConf.create({"accum": 1, "precision": {"policy": "float32"},
                         "distribution": {"strategy": "none"}})
-both = 2 * out["weights"]  # the scaled gradients and their quotients (estimate._gradient_bytes)
-executor = steps.executor(optimizer, cfg, cpu_xla=False, gradients=both)
-out["scaled rule"] = sum(backward.walk_step(stack, b, 4, RematInfo(), executor))
-kept, work, _ = backward.walk_step(stack, b, 4, RematInfo(), steps.executor(optimizer, cfg, False))
+both = 2 * out["weights"]  # the scaled gradients and their quotients (memory._gradient_bytes)
+executor = executor_rules.executor(optimizer, cfg, cpu_xla=False, gradients=both)
+out["scaled rule"] = sum(graph_walk.walk_step(stack, b, 4, RematInfo(), executor))
+waits = executor_rules.executor(optimizer, cfg, False)
+kept, work, _ = graph_walk.walk_step(stack, b, 4, RematInfo(), waits)
 out["scaled beside all"] = kept + work + both
 # A backbone nested as one layer of the model (a user's keras.applications model called on
 # the input): the walk reads its own operations in its place.
@@ -70,9 +71,9 @@ h = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(inner)))
 backbone = keras.Model(inner, h)
 inp = keras.Input((51, 51, 3))
 nested = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(backbone(inp))))
-executor = step_timeline.Executor(conv_threads=threads)
+executor = timeline.Executor(conv_threads=threads)
 out["nested"] = step_peak(nested, x, y, None)
-out["nested rule"] = sum(backward.walk_step(nested, b, 4, RematInfo(), executor))
+out["nested rule"] = sum(graph_walk.walk_step(nested, b, 4, RematInfo(), executor))
 # The same backbone frozen (trainable = False) on 96 px maps: no backward runs in it, its
 # BatchNormalization computes as in inference, x * inv + offset, over its input, and so does
 # the ReLU: the step's peak is the forward's, one map of 3.4 MiB at a time.
@@ -84,7 +85,7 @@ inp = keras.Input((96, 96, 3))
 frozen = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(backbone(inp))))
 x96 = tf.random.normal((b, 96, 96, 3))
 out["frozen"] = step_peak(frozen, x96, y, None)
-out["frozen rule"] = sum(backward.walk_step(frozen, b, 4, RematInfo(), executor))
+out["frozen rule"] = sum(graph_walk.walk_step(frozen, b, 4, RematInfo(), executor))
 out["map"] = 96 * 96 * 32 * b * 4
 # A siamese pair: one backbone (nested) called on two views of the input, and a Conv2D shared
 # by both branches: every call keeps its own tensors, and the shared weights have one gradient.
@@ -95,7 +96,7 @@ head = L.Conv2D(16, 1)
 views = [head(backbone(v)) for v in (inp, L.Rescaling(0.5)(inp))]
 siamese = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(L.Add()(views))))
 out["siamese"] = step_peak(siamese, tf.random.normal((12, 96, 96, 3)), tf.zeros((12,), tf.int32))
-out["siamese rule"] = sum(backward.walk_step(siamese, 12, 4, RematInfo(), executor))
+out["siamese rule"] = sum(graph_walk.walk_step(siamese, 12, 4, RematInfo(), executor))
 # Four Conv2D(32, 3, activation="relu") at 48 px, batch 16: TensorFlow's filter gradient (its
 # im2col buffer) runs past the ReLU's short backward, beside the convolution before it.
 inp = keras.Input((48, 48, 3))
@@ -105,7 +106,7 @@ for _ in range(4):
 stack = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling2D()(h)))
 out["stack"] = step_peak(
     stack, tf.random.normal((16, 48, 48, 3)), tf.zeros((16,), tf.int32), peak=most_peak)
-out["stack rule"] = sum(backward.walk_step(stack, 16, 4, RematInfo(), executor))
+out["stack rule"] = sum(graph_walk.walk_step(stack, 16, 4, RematInfo(), executor))
 print("RESULT " + json.dumps(out))
 """
 

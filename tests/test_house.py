@@ -16,6 +16,7 @@ LAYERS = [
     ("runner.config",),
     ("runner.feed",),
     ("runner.techniques",),
+    ("runner.estimate",),
     ("runner.measure",),
     ("runner.track",),
     ("runner.report",),

@@ -1,4 +1,4 @@
-"""The backward walk's rules for a 16-bit policy's kernel copies (runner/measure/backward.py),
+"""The backward walk's rules for a 16-bit policy's kernel copies (runner/estimate/graph_walk.py),
 against the allocator's measured peak of a step: under mixed_bfloat16 every kernel is cast to
 16 bits when the step starts (the casts read only variables, so the executor runs them first),
 and each copy waits for its layer's input gradient; a rebuilt segment's kernels are cast twice
@@ -9,7 +9,7 @@ than half of what its step holds (2.1-2.4x short)."""
 
 import pytest
 
-from runner.measure import conv_scratch
+from runner.estimate import conv_scratch
 from tests.conftest import ONE_THREAD, fresh_result
 
 KERNEL_COPIES = r"""
@@ -17,7 +17,7 @@ import json, os, sys
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import keras
 import tensorflow as tf
-from runner.measure import backward, step_timeline
+from runner.estimate import graph_walk, timeline
 from runner.techniques import checkpointing
 from tests.peaks import requested_peak, step_peak
 
@@ -38,8 +38,8 @@ x, y = tf.random.normal((b, 4, 4, 128)), tf.zeros((b,), tf.int32)
 model, remat = checkpointing.apply(stack, policy, 1)
 measured = step_peak(model, x, y, peak=requested_peak)
 # An accumulating micro-batch's executor: each float32 weight gradient is consumed as it comes.
-one_at_a_time = step_timeline.Executor(slots=1, per_byte=1.0)
-kept, work, grads = backward.walk_step(stack, b, 2, remat, one_at_a_time)
+one_at_a_time = timeline.Executor(slots=1, per_byte=1.0)
+kept, work, grads = graph_walk.walk_step(stack, b, 2, remat, one_at_a_time)
 copies = sum(v.numpy().size for v in stack.trainable_variables if v.ndim > 1) * 2
 print("RESULT " + json.dumps([measured, kept, work, grads, copies]))
 """
@@ -73,7 +73,7 @@ import json, os
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 import keras
 import tensorflow as tf
-from runner.measure import backward, conv_scratch, step_timeline, steps
+from runner.estimate import conv_scratch, executor_rules, graph_walk, timeline
 from runner.techniques import checkpointing
 from tests.peaks import step_peak
 
@@ -89,9 +89,9 @@ b = 8
 x, y = tf.random.normal((b, 96, 96, 3)), tf.zeros((b,), tf.int32)
 measured = step_peak(cnn, x, y)
 onednn = conv_scratch.onednn_convolutions("mixed_float16")
-threads = steps.threads(tf.config.threading.get_intra_op_parallelism_threads())
-executor = step_timeline.Executor(conv_threads=0 if onednn else threads)
-kept, work, _ = backward.walk_step(cnn, b, 2, checkpointing.RematInfo(), executor)
+threads = executor_rules.threads(tf.config.threading.get_intra_op_parallelism_threads())
+executor = timeline.Executor(conv_threads=0 if onednn else threads)
+kept, work, _ = graph_walk.walk_step(cnn, b, 2, checkpointing.RematInfo(), executor)
 other = 0 if onednn else conv_scratch.scratch_bytes(first, b, 2, False, threads)
 print("RESULT " + json.dumps([onednn, measured, kept, work, other]))
 """

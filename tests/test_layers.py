@@ -13,7 +13,8 @@ from PIL import Image
 
 from models.common import Sublayer
 from models.transformer import TransformerBlock
-from runner.measure import flops, layers, profile, profile_rows, roofline
+from runner.estimate import layer_rules
+from runner.measure import flops, profile, profile_rows, roofline
 from runner.report import layer_report
 from runner.train import run
 from tests.conftest import run_cli
@@ -26,9 +27,15 @@ def _row(layer, *shapes, kind=None) -> dict:
     """The profile's static columns of `layer` called on float32 inputs of `shapes`."""
     inputs = [tf.random.normal(s) for s in shapes]
     output = layer(inputs if len(inputs) > 1 else inputs[0], training=True)
-    flops = layers.kernel_flops(layer, output.shape.num_elements(), output.shape[-1])
+    flops = layer_rules.kernel_flops(layer, output.shape.num_elements(), output.shape[-1])
     sub = Sublayer(
-        "probe", kind or layers.kind(layer), layer, ("x",), "y", layer.trainable_variables, flops
+        "probe",
+        kind or layer_rules.kind(layer),
+        layer,
+        ("x",),
+        "y",
+        layer.trainable_variables,
+        flops,
     )
     return profile_rows.describe(sub, inputs, output, kept=True)
 
@@ -170,7 +177,7 @@ def _profiled(tiny_cfg, model, *extra):
     "model, extra",
     [
         # Without XLA, as the rows are counted: XLA keeps 4sbh more per layer than a layer's
-        # own backward needs, which the estimate under XLA counts (runner/measure/xla_memory.py).
+        # own backward needs, which the estimate under XLA counts (runner/estimate/xla_fitted.py).
         (
             "transformer",
             ["model.h=64", "model.layers=2", "data.seq_len=32", "trainer.jit_compile=false"],

@@ -1,8 +1,8 @@
 """A step that chooses pruning's masks holds the choice once its update has run
-(runner/measure/steps.py choice_bytes): TensorFlow's executor runs every kernel's choice side by
-side, XLA on a CPU one at a time but keeps every new mask and masked kernel until the step
-returns. Measured against the allocator's peak of a choice step in a fresh process, beside a
-step of the same run that chooses nothing."""
+(runner/estimate/executor_rules.py choice_bytes): TensorFlow's executor runs every kernel's
+choice side by side, XLA on a CPU one at a time but keeps every new mask and masked kernel until
+the step returns. Measured against the allocator's peak of a choice step in a fresh process, beside
+a step of the same run that chooses nothing."""
 
 from tests.conftest import fresh_result
 
@@ -13,7 +13,7 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from omegaconf import OmegaConf
-from runner.measure import steps
+from runner.estimate import executor_rules
 from runner.techniques import accumulation, pruning
 from tests.peaks import dense_stack, grow_pool, least_peak, most_peak
 
@@ -43,8 +43,8 @@ for jit in (True, False):
         if not jit:  # the executor's order moves it: what it holds most often, too
             out[key + " median"] = least_peak(lambda: call(True), statistics.median, 6)
         out[key + " plain"] = least_peak(lambda: call(False))
-        threads = steps.inter_op_threads()
-        out[key + " rule"] = steps.choice_bytes(pruner.kernels, schedule, threads, jit)
+        threads = executor_rules.inter_op_threads()
+        out[key + " rule"] = executor_rules.choice_bytes(pruner.kernels, schedule, threads, jit)
 out["masks"] = pruner.mask_bytes()
 print("RESULT " + json.dumps(out))
 """

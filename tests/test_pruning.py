@@ -16,7 +16,7 @@ from models.spec import DataSpec
 from models.transformer import TransformerBlock
 from runner.config import ConfigError, validate
 from runner.config.schema import PruningConfig
-from runner.measure import estimate
+from runner.estimate import memory
 from runner.techniques import pruning
 from runner.techniques.accumulation import make_train_step
 from runner.train import run
@@ -179,7 +179,7 @@ def test_first_conv_depthwise_and_batchnorm_are_skipped_and_estimate_agrees():
     assert all(v.path.endswith("kernel") for v in chosen)
     optimizer = build_optimizer(cfg.trainer)
     optimizer.build(model.trainable_variables)
-    masks = estimate.estimate_memory(model, optimizer, cfg, IMAGES)["masks"]
+    masks = memory.estimate_memory(model, optimizer, cfg, IMAGES)["masks"]
     assert masks == sum(4 * v.numpy().size for v in chosen)
 
 

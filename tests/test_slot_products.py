@@ -1,5 +1,5 @@
 """SGD with momentum computes m * momentum, which reads only its slot, for every variable when
-the step starts (runner/measure/steps.py momentum_products): the walk holds those products
+the step starts (runner/estimate/executor_rules.py momentum_products): the walk holds those products
 until each variable's gradient reaches its update, and an accumulating step's update call
 holds all of them. Measured against the allocator's peak of a step in a fresh process."""
 
@@ -21,7 +21,7 @@ import tensorflow as tf
 tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras
 from omegaconf import OmegaConf
-from runner.measure import backward, steps
+from runner.estimate import executor_rules, graph_walk
 from runner.techniques.checkpointing import RematInfo
 from tests.peaks import accumulating_peaks, dense_stack, grow_pool, most_peak, step_peak
 
@@ -34,14 +34,15 @@ cfg = OmegaConf.create(
 out = {"weights": sum(v.numpy().size * 4 for v in mlp.trainable_variables)}
 for momentum in (0.9, 0.0):
     sgd = keras.optimizers.SGD(1e-3, momentum=momentum)
-    executor = steps.executor(sgd, cfg, cpu_xla=False)
+    executor = executor_rules.executor(sgd, cfg, cpu_xla=False)
     out[f"products {momentum}"] = executor.slot_products
     out[f"measured {momentum}"] = step_peak(mlp, x, y, sgd, peak=most_peak)
-    out[f"walk {momentum}"] = sum(backward.walk_step(mlp, 1, 4, RematInfo(), executor))
+    out[f"walk {momentum}"] = sum(graph_walk.walk_step(mlp, 1, 4, RematInfo(), executor))
     # An accumulating step's update call: the sums exist when it starts.
     sgd = keras.optimizers.SGD(1e-3, momentum=momentum)
     out[f"update {momentum}"] = accumulating_peaks(mlp, x, y, sgd, pick=max, calls_each=6)[1]
-    out[f"update rule {momentum}"] = steps.update_call_bytes(mlp.trainable_variables, sgd, 2)
+    rule = executor_rules.update_call_bytes(mlp.trainable_variables, sgd, 2)
+    out[f"update rule {momentum}"] = rule
 print("RESULT " + json.dumps(out))
 """
 

@@ -7,7 +7,8 @@ import re
 import keras
 import tensorflow as tf
 
-from runner.measure import cpu_peak, layers
+from runner.estimate import layer_rules
+from runner.measure import cpu_peak
 from runner.techniques.checkpointing import RematInfo
 
 # Dense (no sparsity) peaks from the vendors' data sheets, FLOP/s: (float32 on CUDA cores,
@@ -88,7 +89,7 @@ def hardware_flops_per_step(model_flops: float, model, cfg, spec, remat: RematIn
     (the forward third of PaLM's 6N + 12Lhs); selective: the attention core's 4hs. CNNs: the
     recomputed segments' share of the forward MACs (from layer shapes) applied to the forward
     FLOPs (a third of model FLOPs); selective: the recomputed layers' FLOPs as
-    runner/measure/layers.py counts them.
+    runner/estimate/layer_rules.py counts them.
     """
     if not remat.segments:
         return model_flops
@@ -106,9 +107,9 @@ def hardware_flops_per_step(model_flops: float, model, cfg, spec, remat: RematIn
 
 def recomputed_flops(model, remat: RematInfo) -> float:
     """Forward FLOPs per example that checkpointing runs again in backprop, by the rules of
-    runner/measure/layers.py (selective on a CNN: its runs of cheap layers)."""
+    runner/estimate/layer_rules.py (selective on a CNN: its runs of cheap layers)."""
     inside = set().union(*remat.segment_ops) if remat.segments else set()
-    return sum(layers.layer_flops(op) for op in model.operations if op.name in inside)
+    return sum(layer_rules.layer_flops(op) for op in model.operations if op.name in inside)
 
 
 def peak_flops(

@@ -2,7 +2,7 @@
 one per Keras layer, or per sublayer of a layer that describes itself (the transformer block's
 `sublayers`), and the loss; which rows' outputs the backward pass keeps; and each row's static
 columns (output shape, parameters, forward FLOPs, bytes read and written, activation bytes),
-by runner/measure/layers.py's rules.
+by runner/estimate/layer_rules.py's rules.
 """
 
 import math
@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from models.common import Sublayer
-from runner.measure import layers, model_graph
+from runner.estimate import layer_rules, model_graph
 
 
 def _call_node(op, node) -> Callable:
@@ -40,7 +40,7 @@ def input_key(model: keras.Model) -> str:
 
 
 def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer]:
-    """The calls of the model's layers in order (runner/measure/model_graph.py: a nested
+    """The calls of the model's layers in order (runner/estimate/model_graph.py: a nested
     model's own, a shared layer's at each call, named <layer>@2 from its second) as Sublayers,
     with layers that describe themselves (a `sublayers` method) expanded, and the loss as the
     last row; the model's input is named input_key(model)."""
@@ -55,12 +55,12 @@ def model_rows(model: keras.Model, batch: int, seq: int | None) -> list[Sublayer
         name = op.name if seen[id(op)] == 1 else f"{op.name}@{seen[id(op)]}"
         out_shape = node.outputs[0].shape
         out_elements = batch * math.prod(out_shape[1:])
-        flops = layers.kernel_flops(op, out_elements, out_shape[-1])
+        flops = layer_rules.kernel_flops(op, out_elements, out_shape[-1])
         activation = model_graph.own_activation(op)
         if activation and flops is not None:  # and its own activation's, on its output
-            flops += layers.element_flops(activation, 1, out_elements, out_elements)
+            flops += layer_rules.element_flops(activation, 1, out_elements, out_elements)
         variables = getattr(op, "trainable_variables", [])
-        call, kind = _call_node(op, node), layers.kind(op)
+        call, kind = _call_node(op, node), layer_rules.kind(op)
         rows.append(
             Sublayer(name, kind, call, inputs, output, variables, flops, activation=activation)
         )
@@ -77,7 +77,7 @@ def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
     compute in float32 on a copy of their input: they keep that copy (describe counts it),
     not their 16-bit input.
     """
-    readers_keep = layers.KEEPS_INPUT - layers.NORMS if half else layers.KEEPS_INPUT
+    readers_keep = layer_rules.KEEPS_INPUT - layer_rules.NORMS if half else layer_rules.KEEPS_INPUT
     readers = {}
     for row in rows:
         for name in row.inputs:
@@ -85,8 +85,8 @@ def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
     return {
         row.name
         for row in rows
-        if row.kind in layers.KEEPS_OUTPUT
-        or row.activation in layers.KEEPS_OUTPUT
+        if row.kind in layer_rules.KEEPS_OUTPUT
+        or row.activation in layer_rules.KEEPS_OUTPUT
         or any(k in readers_keep for k in readers.get(row.output, []))
     }
 
@@ -104,16 +104,18 @@ def describe(row: Sublayer, inputs: list, output, kept: bool) -> dict:
         # Per logit: softmax and cross-entropy; the loss keeps the float32 gradient it
         # computes with the loss (softmax - one-hot), not the logits (measured: 1.00x).
         logits = inputs[0].shape.num_elements()
-        flops, extra = layers.FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
+        flops, extra = layer_rules.FLOPS_PER_ELEMENT["loss"] * logits, extra + 4 * logits
     if flops is None:
-        flops = layers.element_flops(row.kind, len(inputs), in_elements, out_elements)
+        flops = layer_rules.element_flops(row.kind, len(inputs), in_elements, out_elements)
     half = inputs[0].dtype in (tf.float16, tf.bfloat16)
     scaled = any(v.name == "gamma" for v in row.variables)
     width = output.dtype.size
-    extra += layers.own_kept_bytes(row.kind, out_elements, in_elements, width, half, scaled)
+    extra += layer_rules.own_kept_bytes(row.kind, out_elements, in_elements, width, half, scaled)
     if row.activation:  # what its own activation's gradient keeps of its own
-        extra += layers.own_kept_bytes(row.activation, out_elements, out_elements, width, half, 0)
-        extra += out_elements * width * (row.activation in layers.KEEPS_INPUT)
+        extra += layer_rules.own_kept_bytes(
+            row.activation, out_elements, out_elements, width, half, 0
+        )
+        extra += out_elements * width * (row.activation in layer_rules.KEEPS_INPUT)
     if row.kind == "Dropout":
         extra += out_elements  # its boolean keep-mask (tf.nn's dropout selects with it)
     weights = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in row.variables)

@@ -5,7 +5,7 @@ that reach the effective batch within a memory budget.
     python -m runner.plan ... plan.measure=true                  # rows that fit, probed
     python run.py accum=auto trainer.effective_batch_size=256 plan.budget=8GiB
 
-- line: the prediction. The analytic estimate (runner/measure/estimate.py) is linear in the
+- line: the prediction. The analytic estimate (runner/estimate/memory.py) is linear in the
   micro-batch b: peak(b) = fixed + b x per_sample, plus the float32 accumulation sum when
   accum > 1. The fixed part is params, gradients, optimizer slots and pruning masks.
 - table: one row per precision x checkpointing policy; a row fits when its prediction is

@@ -11,9 +11,10 @@ from runner.config import takes_images, with_batch
 from runner.core import machine
 from runner.core.errors import PlanError
 from runner.core.units import parse_bytes
+from runner.estimate import memory
+from runner.estimate.memory import is_cpu_xla
 from runner.feed.pipelines import build_data
-from runner.measure import estimate, flops
-from runner.measure.estimate import is_cpu_xla
+from runner.measure import flops
 from runner.measure.telemetry import nvidia_smi
 from runner.techniques import checkpointing, precision
 from runner.train import device
@@ -112,7 +113,7 @@ class Line:
     parts: dict = field(default_factory=dict)
     # The estimate itself at these micro-batches (b: bytes above fixed and the sum), where it
     # is not linear in b: a convolution's im2col buffer grows with b up to its working set,
-    # then stays (runner/measure/conv_scratch.py).
+    # then stays (runner/estimate/conv_scratch.py).
     points: dict = field(default_factory=dict)
 
     def peak(self, b: int, accum: int) -> float:
@@ -150,8 +151,8 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
         model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg.precision)
         optimizer.build(model.trainable_variables)
-        one = estimate.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat, on_gpu)
-        two = estimate.estimate_memory(
+        one = memory.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat, on_gpu)
+        two = memory.estimate_memory(
             built, optimizer, with_batch(cfg, 2, 2), spec, cpu_xla, remat, on_gpu
         )
         flops_cfg = with_batch(cfg, effective, 1)
@@ -168,7 +169,7 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
     with precision.policy(cfg.precision):  # the estimate at each micro-batch the plan weighs
         for b in divisors(effective):
             k = effective // b
-            at = estimate.estimate_memory(
+            at = memory.estimate_memory(
                 built, optimizer, with_batch(cfg, b, k), spec, cpu_xla, remat, on_gpu
             )
             line.points[b] = at["total"] - at["accumulation"] - line.fixed

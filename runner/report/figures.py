@@ -15,8 +15,9 @@ from omegaconf import DictConfig
 from models.spec import DataSpec
 from runner.core.diskfull import writing
 from runner.core.machine import cache_dir
-from runner.measure import estimate, flops
-from runner.measure.estimate import is_cpu_xla
+from runner.estimate import memory
+from runner.estimate.memory import is_cpu_xla
+from runner.measure import flops
 from runner.measure.history import History
 from runner.measure.telemetry import Memory, speed_figures
 from runner.report.timeline import timeline_png
@@ -52,8 +53,8 @@ class RunFacts:
 
 
 def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
-    gpu = estimate.on_gpu(facts.device_name)
-    parts = estimate.estimate_memory(
+    gpu = memory.on_gpu(facts.device_name)
+    parts = memory.estimate_memory(
         facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat, gpu
     )
     peak = facts.history.steady_peak
@@ -115,7 +116,7 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
         **(
             {}
             if "mem/estimate_bytes" in memory
-            else {"mem/estimate_note": estimate.not_modelled(cfg, facts.model)}
+            else {"mem/estimate_note": memory.not_modelled(cfg, facts.model)}
         ),
         "mem/source": facts.mem.source,
         "mem/reserved_source": reserved_source,

@@ -183,7 +183,7 @@ def make_replicated_step(strategy, gradients, update, variables, accum: int, jit
             loss, grads = replica_gradients(x, y)
             for s, g in zip(sums, grads, strict=True):
                 # assign_add, not s + g: reading the sum would make each gradient wait for
-                # that read, a root operation the executor may run late (steps.executor)
+                # that read, a root operation the executor may run late (executor_rules.executor)
                 if first:
                     s.assign(tf.convert_to_tensor(g))
                 else:

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from runner.core.diskfull import disk_full, free_bytes
 from runner.core.errors import DiskFull, NonFiniteLoss
-from runner.measure import estimate
+from runner.estimate import memory
 from runner.track.rundir import CHECKPOINTS
 from runner.train.checkpoint import TrainState
 from runner.train.job import Built, Job
@@ -23,9 +23,9 @@ from runner.train.job import Built, Job
 def out_of_memory(err, job: Job, built: Built):
     """The same error, its message saying what ran out and which levers to try."""
     cfg = job.cfg
-    cpu_xla = estimate.is_cpu_xla(job.jit, job.device_name)
-    on_gpu = estimate.on_gpu(job.device_name)
-    parts = estimate.estimate_memory(
+    cpu_xla = memory.is_cpu_xla(job.jit, job.device_name)
+    on_gpu = memory.on_gpu(job.device_name)
+    parts = memory.estimate_memory(
         built.model, built.optimizer, cfg, built.data.spec, cpu_xla, built.remat, on_gpu
     )
     limit = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB") if not on_gpu else None

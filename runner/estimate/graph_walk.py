@@ -1,14 +1,14 @@
 """The backward walk: what a functional model's train step holds at its peak, without XLA.
 
-The estimate (runner/measure/estimate.py) asks one question of a graph model: at which moment
+The estimate (runner/estimate/memory.py) asks one question of a graph model: at which moment
 of the backward pass do the activations still kept, the gradients in flight and the operation
 then running hold the most, and how much is that? The walk answers it operation by operation,
 from the last to the first, as TensorFlow's executor runs a step:
-- a tensor the backward pass keeps (runner/measure/layers.py's rules, from TensorFlow's
+- a tensor the backward pass keeps (runner/estimate/layer_rules.py's rules, from TensorFlow's
   gradient functions) is alive until the backward of the earliest operation that reads it
   has run, then freed; what an operation keeps of its own (a 16-bit norm's float32 copy, the
   tensors GELU's gradient reads) is freed with its own backward;
-- while an operation's backward runs, its workspace is alive (layers.workspace_bytes: the
+- while an operation's backward runs, its workspace is alive (layer_rules.workspace_bytes: the
   gradient of its output beside the gradients of its inputs, a norm's float32 temporaries,
   a grouped convolution's XLA buffer);
 - a layer with weights computes its weight gradient beside the backward of the operation
@@ -37,7 +37,7 @@ into (a frozen backbone's, a Rescaling of the input) runs no backward and keeps 
 one, and computes as in inference (IN_PLACE); a backbone nested as one layer of the model is
 walked as its own operations, a layer called twice (a siamese pair's shared weights) at each
 call (its gradient counted once, step_timeline), and a layer's own activation as an Activation
-layer after it (runner/measure/model_graph.py).
+layer after it (runner/estimate/model_graph.py).
 
 Counting every kept tensor at once beside the largest single workspace, as the estimate did
 before, overstated models whose largest workspace comes early, when the backward has freed
@@ -46,8 +46,8 @@ most of what the later layers kept (DenseNet121 under checkpointing=blocks).
 
 import math
 
-from runner.measure import conv_scratch, layers, model_graph
-from runner.measure.step_timeline import Executor, Timeline, in_flight, slot_products
+from runner.estimate import conv_scratch, layer_rules, model_graph
+from runner.estimate.timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
 
 # Elementwise in inference (a frozen BatchNormalization is x * inv + offset): their kernels
@@ -58,11 +58,11 @@ IN_PLACE = {"BatchNormalization", "ReLU", "Activation:relu", "Activation:relu6",
 def _kernel_elements(op) -> int:
     """Elements of the kernels a layer reads in its compute dtype (a convolution's, a
     depthwise convolution's, a Dense layer's), whose casts its input gradient reads."""
-    return sum(math.prod(k.shape) for k in layers.kernels(op))
+    return sum(math.prod(k.shape) for k in layer_rules.kernels(op))
 
 
 def _convolves(op) -> bool:
-    return any(k is not None for k in layers.conv_kernels(op))
+    return any(k is not None for k in layer_rules.conv_kernels(op))
 
 
 def _xla_kernel_bytes(op, grad_in: bool) -> int:
@@ -79,7 +79,7 @@ def _xla_kernel_bytes(op, grad_in: bool) -> int:
     conversions, no bfloat16 kernel); keras MobileNet's (float32) held the transposes of its
     1x1 kernels whose backward had not run (9.0 MiB); a depthwise kernel [kh, kw, C, 1] is
     read as [kh, kw, 1, C], the same bytes in float32 (a copy in 16 bits)."""
-    depthwise, full = layers.conv_kernels(op)
+    depthwise, full = layer_rules.conv_kernels(op)
     # The estimate's width under XLA on a CPU is float32's or more: the layer's own dtype says
     # whether its kernel is cast to 16 bits.
     converted = getattr(op, "compute_dtype", "float32") in ("bfloat16", "float16")
@@ -108,7 +108,7 @@ def walk_step(
     ops, consumers, elements = model_graph.operations(model)
     n = len(ops)
     half = p < 4
-    keepers = layers.KEEPS_INPUT - layers.NORMS if half else layers.KEEPS_INPUT
+    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS if half else layer_rules.KEEPS_INPUT
     segment = {name: s for s, names in enumerate(remat.segment_ops) for name in names}
     ends = {}  # segment -> its last op's index
     for i, op, _, _ in ops:
@@ -146,7 +146,11 @@ def walk_step(
         # beside the kernel layer's backward: two filter gradients' buffers at once.
         before = ops[p][2][0] if ops[p][2] else None
         slow = executor.conv_threads and conv_scratch.im2col(op_c)
-        if slow and layers.kind(ops[p][1]) in layers.GRADIENT_IN_PLACE and before in producer:
+        if (
+            slow
+            and layer_rules.kind(ops[p][1]) in layer_rules.GRADIENT_IN_PLACE
+            and before in producer
+        ):
             if _kernel_elements(ops[producer[before]][1]):
                 return producer[before]
         return p
@@ -155,19 +159,19 @@ def walk_step(
     # The forward pass, op by op: what it keeps for the backward so far, and what op q runs on.
     fkept, fwork, crossing = Timeline(n), Timeline(n), set()
     for i, op, ins, outs in ops:
-        kind = layers.kind(op)
+        kind = layer_rules.kind(op)
         size = sum(elements[t] for t in outs) * b
         inputs = [elements[t] * b for t in ins]
         # Its output, kept until the earliest backward that reads it.
         # (reader, where its backward is done with the tensor, bytes an element)
-        readers = [(i, i, width(op))] if kind in layers.KEEPS_OUTPUT and runs[i] else []
+        readers = [(i, i, width(op))] if kind in layer_rules.KEEPS_OUTPUT and runs[i] else []
         for c in sorted({c for t in outs for c in consumers.get(t, [])}):
             reader = ops[c][1]
             if not runs[c]:  # no backward reads it (a frozen layer's)
                 continue
             # a segment keeps its inputs for its recomputation
             other_segment = reader.name in segment and segment[reader.name] != segment.get(op.name)
-            if layers.kind(reader) in keepers:
+            if layer_rules.kind(reader) in keepers:
                 readers.append((c, weight_gradient_ends(c), width(reader)))
             elif other_segment:
                 readers.append((c, c, width(reader)))
@@ -184,7 +188,7 @@ def walk_step(
                 crossing.update(outs)
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
-        own = layers.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled) * runs[i]
+        own = layer_rules.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled) * runs[i]
         kept.add(i, last_alive(i, op), own)
         if op.name not in segment:
             fkept.add(i + 1, n - 1, own)
@@ -204,7 +208,7 @@ def walk_step(
         # moments, and an elementwise layer writes its output over an input that dies in it
         # (TensorFlow's elementwise kernels forward a buffer whose only reader they are).
         frozen = not runs[i]
-        norm = kind in layers.NORMS and not frozen
+        norm = kind in layer_rules.NORMS and not frozen
         temporaries = (2 if half else 1) * inputs[0] * 4 if norm else 0
         loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
         sole = ins[0] not in crossing and len(consumers.get(ins[0], [])) == 1
@@ -215,7 +219,9 @@ def walk_step(
             continue  # no backward runs for it
         # Its backward's workspace, and its output's gradient waiting for earlier readers.
         grad_done = weight_gradient_ends(i)
-        work.add(i, i, layers.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla))
+        work.add(
+            i, i, layer_rules.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla)
+        )
         if executor.conv_threads:
             threads = executor.conv_threads
             scratch = conv_scratch.scratch_bytes(op, b, width(op), grad_in, threads)

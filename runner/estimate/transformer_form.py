@@ -1,12 +1,12 @@
 """What a transformer's training step holds without XLA (models/transformer.py; under XLA on a
-CPU: runner/measure/xla_memory.py), for the estimate (runner/measure/estimate.py): the
+CPU: runner/estimate/xla_fitted.py), for the estimate (runner/estimate/memory.py): the
 activations each layer keeps for backward, by checkpointing policy, and the transients beside
 them at the step's three candidate peaks: the loss, the last layer's MLP backward and its
 attention core's backward."""
 
 import math
 
-from runner.measure import chunked
+from runner.estimate import chunked_core
 from runner.techniques.checkpointing import segment_length
 
 
@@ -43,14 +43,14 @@ def attention_core_bytes(
     A chunked core (block) keeps its float32 logsumexp, asb elements, and no mask (its
     backward draws the masks again from their seeds: models/chunked_attention.py)."""
     if block:
-        return chunked.kept(s, b, a)
+        return chunked_core.kept(s, b, a)
     ass = a * s * s * b
     return ass * p + ((ass + ass * p) if dropout > 0 else 0)
 
 
 def core_workspace(s, b, h, a, p, dropout, block=None) -> int:
     """Bytes the attention core's backward holds beside what the step keeps. A chunked core
-    (block): runner/measure/chunked.py's rule, derived term by term. The standard core: the
+    (block): runner/estimate/chunked_core.py's rule, derived term by term. The standard core: the
     softmax's float32 temporaries and the gradients of the probabilities, **fitted** per
     scores element to measured BFC peaks (this CPU, 4 runs of 18 jobs at s=256, b=8, h=32,
     4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective): 3.2 bytes in
@@ -60,7 +60,7 @@ def core_workspace(s, b, h, a, p, dropout, block=None) -> int:
     5.24-5.34 at 16 bits. The core's backward runs in a fixed order (models/memory_limited.py):
     left to the executor, the same job's peak moved by up to 25% from one run to the next."""
     if block:
-        return chunked.workspace(s, b, h, a, p, dropout, block)
+        return chunked_core.workspace(s, b, h, a, p, dropout, block)
     if p == 4:
         per_score = 3.6 if dropout > 0 else 3.2
     else:

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from models.common import is_graph
-from runner.measure import backward, step_timeline, steps, transformer_memory, xla_memory
+from runner.estimate import executor_rules, graph_walk, timeline, transformer_form, xla_fitted
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo
 
@@ -77,26 +77,26 @@ def _gradient_bytes(trainable, optimizer, cfg, transformer_xla: bool) -> int:
     holds two copies: Keras's LossScaleOptimizer checks the scaled gradients, then divides
     each by the scale (keras/src/optimizers/loss_scale_optimizer.py) and applies the
     quotients, so both are alive before the update. Measured under XLA on a CPU: 1.5-2.0 of
-    all gradients (runner/measure/xla_memory.py); a transformer drawn at random (1 layer,
+    all gradients (runner/estimate/xla_fitted.py); a transformer drawn at random (1 layer,
     h=144, vocabulary 2101, micro-batch 1, gradients 3.3 MiB) peaked 2.2 MiB above an
     estimate with one copy. An accumulating step (accum > 1) holds one: its micro-batch call
     adds the scaled gradients into the sums, and the quotients are made in the update's own
     call (runner/techniques/accumulation.py apply_sum), where no activation is alive
-    (estimate_memory weighs that call: steps.update_call_bytes, xla_memory's). Seed
+    (estimate_memory weighs that call: executor_rules.update_call_bytes, xla_memory's). Seed
     988575's draw 1 (h=60, 5 layers, batch 4, accum 4, `mixed`, 1.6 MiB of gradients) peaked
     at the same 13.85 MiB with accum 2 and 4, 0.842 of the estimate with two copies; without
     XLA 0.835, and h=128 at accum 2 0.862 (0.95-0.96 with one).
     Under a tf.distribute strategy the update is outside XLA, and Keras all-reduces every
     gradient in one call before it applies any (keras/src/backend/tensorflow/optimizer.py
     _all_reduce_sum_gradients), packing them into one float32 tensor: all of them and their
-    pack (steps.all_reduce_pack)."""
-    replicated = steps.replicated(cfg)
+    pack (executor_rules.all_reduce_pack)."""
+    replicated = executor_rules.replicated(cfg)
     if transformer_xla and not replicated:
-        nbytes = xla_memory.gradient_bytes(trainable, cfg.precision.policy, cfg.accum)
+        nbytes = xla_fitted.gradient_bytes(trainable, cfg.precision.policy, cfg.accum)
     else:
-        nbytes = steps.float32_bytes(trainable)
+        nbytes = executor_rules.float32_bytes(trainable)
     copies = 2 if _scaled(optimizer) and cfg.accum == 1 else 1
-    pack = steps.all_reduce_pack(trainable) if replicated and cfg.accum == 1 else 0
+    pack = executor_rules.all_reduce_pack(trainable) if replicated and cfg.accum == 1 else 0
     return copies * nbytes + pack
 
 
@@ -107,7 +107,7 @@ def _scaled(optimizer) -> bool:
 def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, int, int, int]:
     """Float32 weight gradients a transformer's step holds without XLA at the loss, while its
     last layer's backward runs, while its first layer's runs, and when its backward ends
-    (transformer_memory.activations' moments). A loss-scaled accum=1 step checks every
+    (transformer_form.activations' moments). A loss-scaled accum=1 step checks every
     gradient before it applies any: none exists at the loss but the head's (counted in the
     head's backward), the head's at the last layer, all but the embedding's at the first, and
     at the end all of them beside their unscaled quotients (_gradient_bytes). In the trace of
@@ -117,7 +117,7 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     (_gradient_bytes) at each moment, a bound (their updates and sums are not traced here)."""
     if not _scaled(optimizer) or cfg.accum > 1:
         return every, every, every, every
-    all_of_them = steps.float32_bytes(trainable)
+    all_of_them = executor_rules.float32_bytes(trainable)
     head = (cfg.model.h + 1) * spec.num_classes * 4
     embedding = spec.vocab_size * cfg.model.h * 4
     return 0, head, all_of_them - embedding, 2 * all_of_them
@@ -142,15 +142,15 @@ ALLOCATOR_WASTE = 0.093
 
 
 def _graph_activations(
-    model, b: int, p: int, remat: RematInfo, executor: step_timeline.Executor, on_gpu: bool = False
+    model, b: int, p: int, remat: RematInfo, executor: timeline.Executor, on_gpu: bool = False
 ) -> tuple[int, int, int]:
     """(activations, workspace, gradients in flight) of a functional model at the peak of its
-    step, from the backward walk (runner/measure/backward.py): the tensors the backward pass
-    still keeps then, by runner/measure/layers.py's rules, with the input micro-batches the
+    step, from the backward walk (runner/estimate/graph_walk.py): the tensors the backward pass
+    still keeps then, by runner/estimate/layer_rules.py's rules, with the input micro-batches the
     pipeline holds; what the running operation's backward and the gradients waiting at skip
     connections hold (with a convolution's buffers); and the weight gradients still being
     applied (0 unless `executor` models them). XLA fuses further."""
-    kept, workspace, grads = backward.walk_step(model, b, p, remat, executor)
+    kept, workspace, grads = graph_walk.walk_step(model, b, p, remat, executor)
     return kept + _inputs_bytes(model, b, on_gpu), workspace, grads
 
 
@@ -186,36 +186,36 @@ def estimate_memory(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
     transformer_xla = cpu_xla and cfg.model.name == "transformer"
-    threads = steps.inter_op_threads()  # the updates, and the masks' choices, run at once
+    threads = executor_rules.inter_op_threads()  # the updates, and the masks' choices, run at once
     gradients = _gradient_bytes(trainable, optimizer, cfg, transformer_xla)
     if not_modelled(cfg, model):  # a subclassed model's insides
         activations, workspace = None, None
-    elif transformer_xla:  # fitted to XLA's own memory plan (runner/measure/xla_memory.py)
-        activations, workspace = xla_memory.transformer_activations(
+    elif transformer_xla:  # fitted to XLA's own memory plan (runner/estimate/xla_fitted.py)
+        activations, workspace = xla_fitted.transformer_activations(
             cfg, spec, p, attention_block(cfg, spec)
         )
     elif cfg.model.name == "transformer":
         alive = _gradients_alive(trainable, optimizer, cfg, spec, gradients)
-        activations, workspace, gradients = transformer_memory.activations(
+        activations, workspace, gradients = transformer_form.activations(
             cfg, spec, p, attention_block(cfg, spec), alive
         )
     else:
-        executor = steps.executor(optimizer, cfg, cpu_xla, gradients)
+        executor = executor_rules.executor(optimizer, cfg, cpu_xla, gradients)
         activations, workspace, in_flight = _graph_activations(
             model, cfg.data.batch_size, p, remat or RematInfo(), executor, on_gpu
         )
         if executor.slots or executor.waits_for:  # the gradients alive at the peak
             gradients = in_flight
-        else:  # every gradient, and the slot products alone (step_timeline.Executor)
+        else:  # every gradient, and the slot products alone (timeline.Executor)
             gradients += in_flight
     if cfg.accum > 1 and activations is not None:  # the update's own call, if it holds more
-        replicated = steps.replicated(cfg)
+        replicated = executor_rules.replicated(cfg)
         if transformer_xla and not replicated:  # a strategy's update is not XLA's
-            update = xla_memory.update_call_bytes(
-                steps.float32_bytes(trainable), _scaled(optimizer)
+            update = xla_fitted.update_call_bytes(
+                executor_rules.float32_bytes(trainable), _scaled(optimizer)
             )
         else:
-            update = steps.update_call_bytes(trainable, optimizer, threads, replicated)
+            update = executor_rules.update_call_bytes(trainable, optimizer, threads, replicated)
         inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
         if update + inputs > activations + workspace + gradients:
             activations, workspace, gradients = inputs, 0, update
@@ -224,10 +224,11 @@ def estimate_memory(
         waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
-    choice = None  # what a choice step holds beyond the backward's moment (steps.choice_bytes)
+    # what a choice step holds beyond the backward's moment (executor_rules.choice_bytes)
+    choice = None
     if activations is not None:
         held = activations + workspace + gradients
-        choice = steps.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - held
+        choice = executor_rules.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - held
     parts = {
         "params": _nbytes(model.weights),
         "gradients": gradients,
@@ -236,8 +237,8 @@ def estimate_memory(
         "optimizer": _nbytes(optimizer.variables),
         # The train step (runner/techniques/accumulation.py) sums micro-batch gradients: one
         # running float32 sum beside the current micro-batch's gradients.
-        "accumulation": steps.float32_bytes(trainable) if cfg.accum > 1 else 0,
-        "masks": steps.float32_bytes(kernels),
+        "accumulation": executor_rules.float32_bytes(trainable) if cfg.accum > 1 else 0,
+        "masks": executor_rules.float32_bytes(kernels),
         # A step that chooses new masks holds their choice once its update has run, when the
         # activations and gradients are gone: what it holds beyond them, if more.
         "mask_choice": None if choice is None else max(0, choice),

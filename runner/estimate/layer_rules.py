@@ -1,5 +1,5 @@
 """The rules of a layer, by its kind: its forward FLOPs, what its backward keeps, and what its
-backward holds while it runs. The estimate's walk (runner/measure/backward.py) and the per-layer
+backward holds while it runs. The estimate's walk (runner/estimate/graph_walk.py) and the per-layer
 profile's rows (runner/measure/profile_rows.py) read them.
 
 What a layer leaves for backward follows TensorFlow's gradient functions (graph mode, no

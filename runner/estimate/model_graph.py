@@ -1,4 +1,4 @@
-"""A functional model as the backward walk (runner/measure/backward.py) reads it: the
+"""A functional model as the backward walk (runner/estimate/graph_walk.py) reads it: the
 operations TensorFlow runs, in order, with the tensors each reads and writes.
 
 Keras's graph lists each layer once; TensorFlow runs what each call of it computes. So:
@@ -18,7 +18,7 @@ import math
 import keras
 
 from models.common import is_graph
-from runner.measure import layers
+from runner.estimate import layer_rules
 
 
 def _calls(graph) -> list:
@@ -90,10 +90,10 @@ def operations(model):
 
 def own_activation(op) -> str:
     """The rules' name of the own activation of a layer with a kernel (a convolution's, a Dense
-    layer's), Activation:<function> as layers.kind names an Activation layer's; "" for a layer
+    layer's), Activation:<function> as layer_rules.kind names an Activation layer's; "" for a layer
     without one (linear)."""
     function = getattr(op, "activation", None)
-    if function is None or not layers.kernels(op):
+    if function is None or not layer_rules.kernels(op):
         return ""
     name = getattr(function, "__name__", "unknown")
     return "" if name == "linear" else f"Activation:{name}"

@@ -1,8 +1,8 @@
 """How TensorFlow's executor runs a graph model's train step, beyond what each layer keeps: the
 weight gradients it consumes as they come, the optimizer's update buffers, the threads that
-run them at once, and which CPU convolution kernels (runner/measure/conv_scratch.py) take
-their im2col buffers. The estimate (runner/measure/estimate.py) reads these for the backward
-walk (runner/measure/step_timeline.py Executor) and for an accumulating step's update call."""
+run them at once, and which CPU convolution kernels (runner/estimate/conv_scratch.py) take
+their im2col buffers. The estimate (runner/estimate/memory.py) reads these for the backward
+walk (runner/estimate/timeline.py Executor) and for an accumulating step's update call."""
 
 import math
 import os
@@ -10,7 +10,7 @@ import os
 import keras
 import tensorflow as tf
 
-from runner.measure import conv_scratch, step_timeline
+from runner.estimate import conv_scratch, timeline
 
 # Float32 buffers of its variable's size an optimizer's update holds beside the gradient, by
 # class. Keras's Adam computes (g - m) * (1 - beta_1) and (g^2 - v) * (1 - beta_2) for its
@@ -73,8 +73,8 @@ def all_reduce_pack(trainable) -> int:
     return float32_bytes(trainable)
 
 
-def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> step_timeline.Executor:
-    """How the executor runs a graph model's step (step_timeline.Executor). In an accum=1 step,
+def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> timeline.Executor:
+    """How the executor runs a graph model's step (timeline.Executor). In an accum=1 step,
     weight gradients are applied as they come by as many updates at once as it has inter-op
     threads, each holding its gradient and its update's buffers (UPDATE_BUFFERS). In a
     micro-batch of an accumulating step each gradient is added in place into its float32 sum
@@ -111,7 +111,7 @@ def executor(optimizer, cfg, cpu_xla: bool, gradients: int = 0) -> step_timeline
     if momentum_products(optimizer) and not cpu_xla and cfg.accum == 1:
         products = "at_the_end" if waits else "as_they_come"
     waits_for = gradients if waits and cfg.accum == 1 else 0
-    return step_timeline.Executor(slots, per_byte, intra, on_cpu and cpu_xla, products, waits_for)
+    return timeline.Executor(slots, per_byte, intra, on_cpu and cpu_xla, products, waits_for)
 
 
 def update_call_bytes(trainable, optimizer, slots: int, replicated: bool = False) -> int:

@@ -1,5 +1,5 @@
 """The scratch buffer a convolution's backward allocates on a CPU without oneDNN, for the
-backward walk (runner/measure/backward.py).
+backward walk (runner/estimate/graph_walk.py).
 
 TensorFlow's default CPU kernels for Conv2DBackpropFilter and Conv2DBackpropInput
 (Conv2DCustomBackpropFilterOp, Conv2DCustomBackpropInputOp in tensorflow/core/kernels/

@@ -1,5 +1,5 @@
 """How a graph model's step holds memory over time beside its activations, for the backward
-walk (runner/measure/backward.py): the Timeline it adds each tensor's bytes to, how
+walk (runner/estimate/graph_walk.py): the Timeline it adds each tensor's bytes to, how
 TensorFlow's executor runs the step (Executor: its updates, convolution kernels and what a
 waiting step holds), and the weight gradients and slot products that are in flight at each
 moment of the backward pass."""
@@ -37,12 +37,12 @@ class Executor:
     threads; 0: gradients not modelled here. per_byte: bytes an update holds per byte of its
     float32 gradient, the gradient included.
     conv_threads: the intra-op threads of the CPU convolution kernels whose im2col buffers
-    runner/measure/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU).
-    cpu_xla: the step is compiled by XLA for a CPU (layers.grouped_conv_bytes).
+    runner/estimate/conv_scratch.py sizes; 0: other kernels (oneDNN, XLA, a GPU).
+    cpu_xla: the step is compiled by XLA for a CPU (layer_rules.grouped_conv_bytes).
     slot_products: when each float32 product of an update that reads only the optimizer's
-    slots (SGD's momentum x m, runner/measure/steps.py) dies: "as_they_come" (its variable's
-    update, started by its gradient), "at_the_end" (after the backward: a loss-scaled step
-    checks every gradient first); "" none. The executor computes them all when the step
+    slots (SGD's momentum x m, runner/estimate/executor_rules.py) dies: "as_they_come" (its
+    variable's update, started by its gradient), "at_the_end" (after the backward: a loss-scaled
+    step checks every gradient first); "" none. The executor computes them all when the step
     starts, as it casts the kernels.
     waits_for: bytes a step that waits for every weight gradient before it applies any (a
     loss-scaled step checks them all, a step under a strategy all-reduces them) holds once its

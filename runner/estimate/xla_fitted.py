@@ -41,7 +41,7 @@ keeps. CNNs under XLA (not the default on a CPU) are not fitted.
 
 import math
 
-from runner.measure import chunked
+from runner.estimate import chunked_core
 from runner.techniques.checkpointing import segment_length
 
 EXTRA_PER_LAYER = 4  # sbh elements a layer keeps beyond the paper's 16sbh
@@ -102,16 +102,16 @@ MLP_16BIT_SAVING = {"float32": 0, "mixed_bfloat16": 4 * 2, "mixed_float16": 0}
 
 def layer_bytes(s, b, h, a, p, dropout, block=None, policy="float32", core=None) -> int:
     """Activations a transformer layer keeps for backward under XLA on a CPU; with a chunked
-    core (block), what it keeps (runner/measure/chunked.py) in place of the as^2b terms.
+    core (block), what it keeps (runner/estimate/chunked_core.py) in place of the as^2b terms.
     p: bytes per sbh element; policy: the precision policy (CORE_BYTES, MASK_BYTES); core:
     the precision the attention core computes in (None: the policy's)."""
     sbh, ass = s * b * h, a * s * s * b
     masks = 2 * sbh * MASK_BYTES[policy] if dropout > 0 else 0  # the residual path's two
     kept = ((16 + EXTRA_PER_LAYER) * p - MLP_16BIT_SAVING[policy]) * sbh + masks
     if block and policy == "mixed_float16":
-        return masks + chunked.xla_float16_layer(s, b, a, h)
+        return masks + chunked_core.xla_float16_layer(s, b, a, h)
     if block:
-        return kept + chunked.kept(s, b, a, h, xla=True)
+        return kept + chunked_core.kept(s, b, a, h, xla=True)
     return kept + ass * CORE_BYTES[core or policy][dropout > 0]
 
 
@@ -137,7 +137,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
     s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
     sbh, ass = s * b * m.h, m.heads * s * s * b
     precision = core = cfg.precision.policy  # core: what the attention core computes in
-    chunked_core = block is not None  # selective never rebuilds one (one key block or more)
+    is_chunked = block is not None  # selective never rebuilds one (one key block or more)
     if block and s <= block:
         # One key block: XLA removes the loops, and its common-subexpression pass merges the
         # backward's recomputed scores and dropout factors with the forward's, so the core
@@ -149,7 +149,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
         block, core = None, "float32" if precision == "float32" else ONE_BLOCK_16BIT
     layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block, precision, core)
     policy, masks = cfg.checkpointing.policy, 0
-    if policy == "none" or (policy == "selective" and chunked_core):  # not rebuilt
+    if policy == "none" or (policy == "selective" and is_chunked):  # not rebuilt
         kept, rebuilt = m.layers * layer, 0
     elif policy == "selective":
         rebuilt = core_bytes(s, b, m.heads, m.dropout, core)
@@ -165,7 +165,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
             else 0
         )
         if block:
-            mask += chunked.loop_operands(s, b, m.heads, m.h, block, p)
+            mask += chunked_core.loop_operands(s, b, m.heads, m.h, block, p)
         # Segments start every k layers; the masks of the layers before a segment are alive.
         starts = range(0, m.layers, k)
         rebuilt = max(i * mask + min(k, m.layers - i) * layer for i in starts)
@@ -175,7 +175,8 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
     logits = b * (s if spec.per_token else 1) * spec.num_classes * 4
     at_loss = 2 * logits + LOSS_GRADIENTS * sbh * 4
     attention = (
-        chunked.workspace(s, b, m.h, m.heads, p, m.dropout, block, xla=True) - MLP_KEPT * sbh * p
+        chunked_core.workspace(s, b, m.h, m.heads, p, m.dropout, block, xla=True)
+        - MLP_KEPT * sbh * p
         if block
         else score_moment(ass, m.dropout, core) - MLP_KEPT * sbh * p
     )
@@ -183,7 +184,7 @@ def transformer_activations(cfg, spec, p: int, block: int | None = None) -> tupl
         attention += TRANSPOSED_COPY * ass
     in_mlp = LAYER_GRADIENTS["none" if policy == "none" else "rebuilt"] * sbh * 4
     if block and rebuilt:  # a rebuilt chunked core's backward starts before its MLP's ends
-        in_mlp += chunked.rebuilt_operands(s, b, m.h, p)
+        in_mlp += chunked_core.rebuilt_operands(s, b, m.h, p)
     in_layer = max(in_mlp, attention)  # in the layer's MLP, or in its attention
     # At the loss, no segment is rebuilt yet: what it needs beyond the rebuilt activations.
     return kept + edges, max(in_layer, masks + at_loss - rebuilt)
