@@ -10,7 +10,7 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner.estimate import chunked_core, memory, timeline, transformer_form  # noqa: E402
+from runner.estimate import calibration, chunked_core, memory, timeline, transformer_form  # noqa: E402
 from runner.measure import flops
 from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.track.compare import PARTS  # noqa: E402  (every part the estimate has)
@@ -120,7 +120,7 @@ def test_what_the_pipeline_holds_counts_on_a_cpu_not_on_a_gpu():
     gpu = memory.estimate_memory(model, opt, cfg, spec, on_gpu=True)
     assert (cpu["data"], gpu["data"]) == (123_456, 0)
     micro_batch = cfg.data.batch_size * 32 * 32 * 3 * 4
-    moved = (memory.INPUT_MICRO_BATCHES - 1) * micro_batch
+    moved = (calibration.INPUT_MICRO_BATCHES - 1) * micro_batch
     assert cpu["activations"] - gpu["activations"] == moved
 
 
@@ -136,7 +136,7 @@ def test_the_allocators_share_is_counted_on_a_step_without_xla_only():
         model, opt, cfg, spec = built(name)
         parts = memory.estimate_memory(model, opt, cfg, spec)
         step = parts["activations"] + parts["workspace"] + parts["gradients"]
-        assert parts["allocator"] == int(memory.ALLOCATOR_WASTE * step) > 0, name
+        assert parts["allocator"] == int(calibration.ALLOCATOR_WASTE * step) > 0, name
         # under XLA the buffers are its plan's
         assert memory.estimate_memory(model, opt, cfg, spec, cpu_xla=True)["allocator"] == 0
 
@@ -544,7 +544,7 @@ def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(
     # gradient beside three float32 temporaries of its input (runner/estimate/layer_rules.py
     # NORM_TEMPORARIES). Alive then: the two segments' inputs (256 each), the expansion's
     # output the BatchNorm reads (512) and four micro-batches of input (4 x 192: the step's and
-    # those the pipeline holds, estimate.INPUT_MICRO_BATCHES); the ReLU's output was freed by
+    # those the pipeline holds, calibration.INPUT_MICRO_BATCHES); the ReLU's output was freed by
     # the ReLU's backward. Under bfloat16 the segments' inputs are 16-bit (2 x 256 x 2),
     # the BatchNorm keeps its float32 copy (512 x 4) instead of the expansion's output, and its
     # output gradient is 16-bit: 512 x 2 + 3 x 512 x 4. Beside them, whatever the batch, the

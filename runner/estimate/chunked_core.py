@@ -100,7 +100,7 @@ def xla_block_buffers(b: int, a: int, dropout: float) -> int:
 def xla_float16_layer(s: int, b: int, a: int, h: int) -> int:
     """Bytes a transformer layer with a chunked core (more than one key block) keeps under XLA
     on a CPU with the float16 policy, beyond its dropout masks. The standard core's layer keeps
-    float32 copies beside its 16-bit tensors (6 bytes per sbh element, estimate.CPU_XLA_BYTES);
+    float32 copies beside its 16-bit tensors (6 bytes per sbh element, calibration.CPU_XLA_BYTES);
     this one keeps its sbh terms as float32's layer does, except the residual stream and the
     core's blocked operands, which stay float16, and one 4h float32 copy more in its MLP (the
     down projection's operand, a float32 copy of the 16-bit GELU output). Read off XLA's plans

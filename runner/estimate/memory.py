@@ -7,13 +7,19 @@ micro-batch's activations live at a time). Its ratio to the measured peak says h
 framework adds or fuses.
 """
 
-import math
-
 import keras
-import tensorflow as tf
 
 from models.common import is_graph
-from runner.estimate import executor_rules, graph_walk, timeline, transformer_form, xla_fitted
+from runner.estimate import (
+    executor_rules,
+    graph_walk,
+    resident,
+    timeline,
+    transformer_form,
+    xla_fitted,
+    xla_plan,
+)
+from runner.estimate.calibration import ALLOCATOR_WASTE, CPU_XLA_BYTES
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo
 
@@ -47,21 +53,6 @@ def on_gpu(device_name: str) -> bool:
 def is_cpu_xla(jit: bool, device_name: str) -> bool:
     """Whether XLA compiles the steps for a CPU (device_name: runner.train.device.describe's)."""
     return jit and not on_gpu(device_name)
-
-
-def _nbytes(variables) -> int:
-    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
-
-
-# XLA on a CPU computes 16-bit policies largely in float32 (docs/findings.md). Re-measured with the
-# allocator's pool grown first (issue 13; before it, peaks were the allocator's rounding):
-# `python -m runner.bench precision_accum` and `memory`, one process per job, on a CPU with
-# AVX512_BF16/AMX, put the transformer's peak under XLA at 0.94-0.97x float32 for bfloat16
-# (activations kept as float32) and 1.23-1.26x for float16 (float32 copies beside the float16
-# tensors; measured/estimate 0.95-0.98 at 6 bytes). Bytes per activation element (the
-# transformer's sbh terms; its attention core's and dropout's bytes are xla_memory's
-# CORE_BYTES and MASK_BYTES, read off XLA's plans):
-CPU_XLA_BYTES = {"float32": 4, "mixed_bfloat16": 4, "mixed_float16": 2 + 4}
 
 
 def _activation_bytes(cfg, cpu_xla: bool) -> int:
@@ -123,24 +114,6 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     return 0, head, all_of_them - embedding, 2 * all_of_them
 
 
-# Micro-batches of input the runner's pipeline (runner/feed/pipelines.py: map -> batch ->
-# prefetch(AUTOTUNE)) holds during a step, the step's own included: measured between draws,
-# synthetic images at 32-96 px, micro-batch 8-32, beside a consumer: 3.7-5.2 (3.0-4.8 again
-# at accum 1, 2 and 4). On a GPU the pipeline's buffers are host memory: the device holds
-# the step's own micro-batch only.
-INPUT_MICRO_BATCHES = 4
-# What TensorFlow's BFC allocator adds to a step's own allocations without XLA: it splits a
-# free chunk only if the chunk is at least twice the request, and hands over a smaller one
-# whole. **Measured**, not derived (which chunk is free when is the executor's order of
-# allocations, which the walk does not follow): in allocation traces (TensorFlow's profiler)
-# of 16 CNN jobs drawn at random (runner.bench.draws, seed 29: MobileNet v1-v3, EfficientNet
-# B0-B3 and V2, DenseNet121, every precision), the step's allocations alive at its peak held
-# 1.8-26.6% more than they asked for, 9.3% over all; in those of the transformer's 18
-# calibration jobs without XLA (runner.bench estimate), 0.9-17.5% of the step's own, 7.3% over
-# all. Not under XLA, whose buffers are its plan's.
-ALLOCATOR_WASTE = 0.093
-
-
 def _graph_activations(
     model, b: int, p: int, remat: RematInfo, executor: timeline.Executor, on_gpu: bool = False
 ) -> tuple[int, int, int]:
@@ -151,14 +124,7 @@ def _graph_activations(
     connections hold (with a convolution's buffers); and the weight gradients still being
     applied (0 unless `executor` models them). XLA fuses further."""
     kept, workspace, grads = graph_walk.walk_step(model, b, p, remat, executor)
-    return kept + _inputs_bytes(model, b, on_gpu), workspace, grads
-
-
-def _inputs_bytes(model, b: int, on_gpu: bool = False) -> int:
-    """The input micro-batches the pipeline holds (INPUT_MICRO_BATCHES; on a GPU the step's
-    own), in float32."""
-    micro_batches = 1 if on_gpu else INPUT_MICRO_BATCHES
-    return micro_batches * b * sum(math.prod(t.shape[1:]) for t in model.inputs) * 4
+    return kept + resident.inputs_bytes(model, b, on_gpu), workspace, grads
 
 
 def estimate_memory(
@@ -169,6 +135,7 @@ def estimate_memory(
     cpu_xla: bool = False,
     remat: RematInfo | None = None,
     on_gpu: bool = False,
+    planned: xla_plan.Planned | None = None,
 ) -> dict[str, int]:
     """Bytes of each part training keeps at its peak, and their sum under "total". For a
     subclassed model (not a graph), activations and workspace are not modelled: they are left
@@ -178,7 +145,14 @@ def estimate_memory(
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
     on_gpu: the estimate is of a GPU's memory, where the input pipeline's buffers and what the
     data source keeps (spec.held_bytes) are not: they are host memory.
+    planned: where XLA compiles the step, what to compile for XLA's own plan (from_plan); None:
+    the rules (and, for the transformer under XLA, the constants fitted to XLA's plans).
     """
+    if planned is not None and not executor_rules.replicated(cfg):
+        try:
+            return xla_plan.from_plan(model, optimizer, cfg, spec, cpu_xla, on_gpu, planned)
+        except xla_plan.REFUSED:  # XLA cannot compile it: the rules' estimate, as without a plan
+            pass
     trainable = model.trainable_variables
     p = _activation_bytes(cfg, cpu_xla)
     if cfg.checkpointing.policy not in CHECKPOINTING:
@@ -216,7 +190,7 @@ def estimate_memory(
             )
         else:
             update = executor_rules.update_call_bytes(trainable, optimizer, threads, replicated)
-        inputs = _inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
+        inputs = resident.inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
         if update + inputs > activations + workspace + gradients:
             activations, workspace, gradients = inputs, 0, update
     waste = 0  # the allocator's rounding of a step without XLA (XLA's buffers are its plan's)
@@ -230,11 +204,11 @@ def estimate_memory(
         held = activations + workspace + gradients
         choice = executor_rules.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - held
     parts = {
-        "params": _nbytes(model.weights),
+        "params": resident.nbytes(model.weights),
         "gradients": gradients,
         # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
         # whose variables include the inner optimizer's) is counted as it is.
-        "optimizer": _nbytes(optimizer.variables),
+        "optimizer": resident.nbytes(optimizer.variables),
         # The train step (runner/techniques/accumulation.py) sums micro-batch gradients: one
         # running float32 sum beside the current micro-batch's gradients.
         "accumulation": executor_rules.float32_bytes(trainable) if cfg.accum > 1 else 0,
@@ -252,3 +226,14 @@ def estimate_memory(
     if activations is None:  # no total: a sum without the activations would read as one
         return {**{k: v for k, v in parts.items() if v is not None}, "total": None}
     return {**parts, "total": sum(parts.values())}
+
+
+def source(parts: dict, cfg, cpu_xla: bool) -> str:
+    """Where an estimate's step part came from, for the run's `mem/estimate_source` tag."""
+    if "xla_plan" in parts:
+        return "xla_plan: XLA's own buffer assignment of the compiled step"
+    if cpu_xla and cfg.model.name == "transformer":
+        return "fitted: constants fitted to XLA's plans of the transformer (xla_fitted.py)"
+    if cpu_xla:
+        return "rules: the layer rules, with XLA's kernel copies (CNNs under XLA are not fitted)"
+    return "rules: the layer and executor rules (runner/estimate/layer_rules.py, executor_rules.py)"

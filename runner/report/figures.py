@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from models.spec import DataSpec
 from runner.core.diskfull import writing
 from runner.core.machine import cache_dir
-from runner.estimate import memory
+from runner.estimate import memory, xla_plan
 from runner.estimate.memory import is_cpu_xla
 from runner.measure import flops
 from runner.measure.history import History
@@ -50,12 +50,17 @@ class RunFacts:
     remat: RematInfo
     mem: Memory
     replicas: int = 1  # tf.distribute replicas: throughput counts all of them
+    trained: keras.Model | None = None  # what the step called (checkpointing's wrapper)
 
 
 def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
     gpu = memory.on_gpu(facts.device_name)
+    planned = None  # where XLA compiled the step: XLA's own plan of it
+    if facts.jit and facts.trained is not None:
+        device = "/device:GPU:0" if gpu else None
+        planned = xla_plan.Planned(facts.trained, device, cache_dir())
     parts = memory.estimate_memory(
-        facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat, gpu
+        facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat, gpu, planned
     )
     peak = facts.history.steady_peak
     reserved, reserved_source = facts.mem.reserved()  # one read (nvidia-smi on a GPU)
@@ -72,6 +77,15 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
         figures["mem/measured_over_estimate"] = peak / parts["total"]
     figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
     return figures, reserved_source
+
+
+def memory_parts(figures: dict) -> dict:
+    """The estimate's parts among a run's figures, by part name."""
+    return {
+        k.removeprefix("mem/estimate/").removesuffix("_bytes"): v
+        for k, v in figures.items()
+        if k.startswith("mem/estimate/")
+    }
 
 
 def _flops(cfg, facts: RunFacts, step_time_s: float) -> tuple[dict[str, float], str]:
@@ -102,8 +116,8 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
     # CPU"): estimate what runs.
     cpu_xla = is_cpu_xla(facts.jit, facts.device_name)
     history = facts.history
-    memory, reserved_source = _memory(cfg, facts, cpu_xla)
-    figures = {**_params(facts.model), **memory}
+    held, reserved_source = _memory(cfg, facts, cpu_xla)
+    figures = {**_params(facts.model), **held}
     figures.update(speed_figures(history.wait_s, history.compute_s, samples, tokens))
     flops, peak_source = _flops(cfg, facts, figures["speed/step_time_s_p50"])
     figures.update(flops)
@@ -115,10 +129,11 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
     sources = {
         **(
             {}
-            if "mem/estimate_bytes" in memory
+            if "mem/estimate_bytes" in held
             else {"mem/estimate_note": memory.not_modelled(cfg, facts.model)}
         ),
         "mem/source": facts.mem.source,
+        "mem/estimate_source": memory.source(memory_parts(held), cfg, cpu_xla),
         "mem/reserved_source": reserved_source,
         "speed/peak_source": peak_source,
     }
@@ -135,10 +150,13 @@ def publish(
     with writing(run_dir / "metrics.json"):  # a full disk names the file (issue 27)
         (run_dir / "metrics.json").write_text(json.dumps(figures, indent=2, sort_keys=True))
     tracker.log_artifact(run_dir / "metrics.json")
-    fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in ("params", "gradients", "optimizer"))
+    # Under XLA's plan the gradients are among the step's buffers, not a part of their own.
+    parts = ("params", "gradients", "optimizer")
+    named = [k for k in parts if f"mem/estimate/{k}_bytes" in figures]
+    fixed = sum(figures[f"mem/estimate/{k}_bytes"] for k in named)
     n = int(tags.get("mem/replicas_per_allocator", 1))  # logical CPUs share one allocator
     per = f", x {n} replicas" if n > 1 else ""
-    reference = {f"estimate: params + gradients + optimizer{per}": n * fixed}
+    reference = {f"estimate: {' + '.join(named)}{per}": n * fixed}
     if "mem/estimate_bytes" in figures:  # not when activations are not modelled
         reference = {f"estimate (all parts){per}": n * figures["mem/estimate_bytes"], **reference}
     with writing(run_dir / "memory_timeline.png"):

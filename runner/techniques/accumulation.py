@@ -28,7 +28,9 @@ def make_train_step(
     model, optimizer, loss_fn, accum: int, jit_compile: bool, after_update=None, strategy=None
 ):
     """train_step(batches) -> (mean loss, finite): one optimizer step on the next `accum`
-    (inputs, targets) micro-batches drawn from the iterator `batches`.
+    (inputs, targets) micro-batches drawn from the iterator `batches`. Without a strategy,
+    train_step.calls(x, y) lists its compiled functions with the arguments of a steady step's
+    calls, for XLA's plan of them (runner/estimate/xla_plan.py).
 
     strategy: a tf.distribute strategy (runner/techniques/distribution.py), whose replicas
     each take their part of every micro-batch: make_replicated_step.
@@ -86,6 +88,7 @@ def _one_step(gradients, update, jit_compile: bool):
     def train_step(batches: Iterator) -> tuple[tf.Tensor, tf.Tensor]:
         return step(*next(batches))
 
+    train_step.calls = lambda x, y: [(step, (x, y))]
     return train_step
 
 
@@ -128,6 +131,9 @@ def _accumulating_step(gradients, update, variables, accum: int, jit_compile: bo
         losses = [add_micro_batch(*next(batches), first) for first in firsts]
         return apply_sum(losses)
 
+    # A later micro-batch's call (it adds into the sums) and the update's
+    losses = [tf.zeros(()) for _ in firsts]
+    train_step.calls = lambda x, y: [(add_micro_batch, (x, y, firsts[-1])), (apply_sum, (losses,))]
     return train_step
 
 

@@ -163,7 +163,7 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     _note(notes, batchnorm.short_run_note(cfg, built.model, updates))
     facts = report.RunFacts(
         built.model, built.optimizer, data.spec, history, build_peak, job.device_name, job.jit,
-        built.remat, mem, job.replicas,
+        built.remat, mem, job.replicas, built.trained,
     )  # fmt: skip
     figures, sources = report.collect(cfg, facts)
     figures["host/data_setup_rss_bytes"] = data.setup_rss_bytes

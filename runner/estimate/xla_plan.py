@@ -1,0 +1,170 @@
+"""XLA's own memory plan of a job's train step, read from the compiled step without running it:
+the estimate wherever XLA compiles the step (`trainer.jit_compile`), for any model and any
+device XLA compiles for.
+
+XLA assigns every buffer of a compiled program before it runs (its buffer assignment:
+tensorflow/compiler/xla/service/buffer_assignment.h). tf.function's
+`experimental_get_compiler_ir(*args)(stage="optimized_hlo_proto_serialized")` compiles the step
+as the run compiles it and returns the optimized HloProto, whose `buffer_assignment` lists each
+allocation with its size and what it is:
+- an entry computation parameter: a variable the call reads (weights, optimizer slots,
+  accumulation sums) or its input micro-batch, which exist before the call and after it;
+- maybe-live-out, not a parameter: the call's results;
+- the rest: its temporaries, packed by XLA's heap simulation into the bytes the call adds while
+  it runs (the activations, gradients and workspace, as XLA schedules and shares them).
+The allocations' sizes sum to the "Total bytes used" of XLA's buffer-assignment dump
+(XLA_FLAGS=--xla_dump_to), which the allocator's measured peak matched within 0.8 MiB in 62
+transformer jobs (docs/memory-budget.md). A step that accumulates is two calls (a micro-batch's,
+the update's: runner/techniques/accumulation.py): the larger of the two is its peak.
+
+Compiling takes seconds (the default transformer at micro-batch 32: about 3 s on a 2-core CPU),
+so the plans are cached on disk by what decides them (cached).
+"""
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+from tensorflow.compiler.xla.service import hlo_pb2
+
+from runner.estimate import executor_rules, resident
+from runner.techniques import pruning
+from runner.techniques.accumulation import make_train_step
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One compiled call's buffers (bytes)."""
+
+    parameters: int  # the variables it reads and its inputs: alive before and after it
+    outputs: int  # its results (not aliasing a parameter)
+    temporaries: int  # what it adds while it runs
+    seconds: float  # how long the compile took
+
+    @property
+    def added(self) -> int:
+        """Bytes the call adds to what was alive before it: its temporaries and results."""
+        return self.outputs + self.temporaries
+
+
+def read(function, args: tuple, device: str | None = None) -> CallPlan:
+    """XLA's plan of `function` (a tf.function compiled with jit_compile) called on `args`."""
+    start = time.perf_counter()
+    ir = function.experimental_get_compiler_ir(*args)
+    raw = ir(stage="optimized_hlo_proto_serialized", device_name=device)
+    allocations = hlo_pb2.HloProto.FromString(raw).buffer_assignment.buffer_allocations
+    parameters = outputs = temporaries = 0
+    for a in allocations:
+        if a.is_entry_computation_parameter:
+            parameters += a.size
+        elif a.maybe_live_out:
+            outputs += a.size
+        elif not a.is_thread_local:  # thread-local: a fused loop's registers, not the heap
+            temporaries += a.size
+    return CallPlan(parameters, outputs, temporaries, time.perf_counter() - start)
+
+
+def example_batch(model, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """A micro-batch of zeros shaped as the step reads one: the model's input, and a class per
+    output position (a label an example, or one per token)."""
+    (inputs,) = model.inputs
+    x = tf.zeros((batch, *inputs.shape[1:]), inputs.dtype)
+    y = tf.zeros((batch, *model.outputs[0].shape[1:-1]), tf.int32)
+    return x, y
+
+
+def plan_step(trained, optimizer, accum: int, batch: int, device: str | None = None):
+    """The plans of a job's train step at micro-batch `batch` (one per compiled call), built as
+    runner/train/pipeline.py builds it: `trained` is the model the step calls (checkpointing's
+    wrapper), the loss the run's. Pruning's mask choice is not in it (the estimate counts it
+    apart: executor_rules.choice_bytes)."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = make_train_step(trained, optimizer, loss_fn, accum, jit_compile=True)
+    return [read(fn, args, device) for fn, args in step.calls(*example_batch(trained, batch))]
+
+
+def key(trained, optimizer, accum: int, batch: int, device: str | None) -> dict | None:
+    """What decides a step's plan: the model as Keras serializes it (layers, shapes, dtype
+    policies), the optimizer's kind and settings, accum, the micro-batch, the device and
+    TensorFlow's version. None where the model cannot be serialized (a layer without
+    get_config): its plans are not cached."""
+    try:
+        model = trained.to_json()
+    except (NotImplementedError, TypeError, ValueError):
+        return None
+    settings = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
+    return {
+        "model": model, "optimizer": type(optimizer).__name__, "settings": settings,
+        "accum": accum, "batch": batch, "device": device or "cpu", "tf": tf.__version__,
+    }  # fmt: skip
+
+
+def cached(folder: Path | None, what: dict | None, compute) -> tuple[list[CallPlan], bool]:
+    """(compute()'s plans, whether they came from the cache), kept as folder/xla-plan-<hash of
+    `what`>.json: a plan is XLA's for that model, optimizer, batch and device."""
+    if folder is None or what is None:
+        return compute(), False
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    path = Path(folder) / f"xla-plan-{digest}.json"
+    if path.exists():
+        return [CallPlan(**c) for c in json.loads(path.read_text())], True
+    plans = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(p) for p in plans]))
+    return plans, False
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What XLA's plan of a job's step is read from: the model the step calls (checkpointing's
+    wrapper), the device XLA compiles for (None: the CPU) and the folder its plans are cached
+    in (None: not cached)."""
+
+    trained: keras.Model
+    device: str | None = None
+    cache: Path | None = None
+
+
+# A step XLA cannot compile (an op without an XLA kernel) or a model it cannot trace here.
+REFUSED = (tf.errors.OpError, ValueError, NotImplementedError, TypeError)
+
+
+def plans(optimizer, cfg, planned: Planned) -> tuple[list[CallPlan], bool]:
+    """XLA's plans of the job's step calls at its micro-batch, and whether they were cached."""
+    b, accum, trained = cfg.data.batch_size, cfg.accum, planned.trained
+    what = key(trained, optimizer, accum, b, planned.device)
+    return cached(
+        planned.cache,
+        what,
+        lambda: plan_step(trained, optimizer, accum, b, planned.device),
+    )
+
+
+def from_plan(model, optimizer, cfg, spec, cpu_xla: bool, on_gpu: bool, planned: Planned) -> dict:
+    """The parts of a step XLA compiles, from XLA's own plan of it (runner/estimate/py):
+    the variables (weights, slots, sums, masks) as everywhere; the input micro-batches the
+    pipeline holds; and "xla_plan", what the step's larger call adds while it runs (its
+    activations, gradients and workspace, as XLA packs them; they are not told apart), with no
+    allocator's rounding (XLA's buffers are its plan's)."""
+    trainable = model.trainable_variables
+    calls, _ = plans(optimizer, cfg, planned)
+    step = max(c.added for c in calls)
+    threads = executor_rules.inter_op_threads()
+    schedule = cfg.pruning.schedule
+    kernels = pruning.select_kernels(model, cfg.pruning) if schedule != "none" else []
+    choice = executor_rules.choice_bytes(kernels, schedule, threads, cpu_xla) - step
+    parts = {
+        "params": resident.nbytes(model.weights),
+        "optimizer": resident.nbytes(optimizer.variables),
+        "accumulation": executor_rules.float32_bytes(trainable) if cfg.accum > 1 else 0,
+        "masks": executor_rules.float32_bytes(kernels),
+        "mask_choice": max(0, choice),
+        "data": 0 if on_gpu else spec.held_bytes,
+        "inputs": resident.inputs_bytes(model, cfg.data.batch_size, on_gpu),
+        "xla_plan": step,
+    }
+    return {**parts, "total": sum(parts.values())}
