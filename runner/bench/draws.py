@@ -15,6 +15,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from runner.bench.draws_user import USER_MODELS, is_user, policies, user_model
+
 # Multiply-accumulates of one 224x224 image's forward pass and parameters (millions), as the
 # papers and keras.applications' documentation give them, at 1000 classes; a draw's FLOPs
 # scale them by its image area (and MobileNet's by alpha^2). Only the budget reads them.
@@ -111,17 +113,17 @@ def _cnn(rng: random.Random, family: str) -> tuple[dict, float, float, float]:
 def draw(rng: random.Random, budget: Budget = BUDGET) -> dict:
     """One job's overrides: a family (each equally often), then its shape and batch, drawn
     again until they fit the budget."""
-    family = rng.choice(("transformer", "mobilenet", "efficientnet", "keras_app"))
+    family = rng.choice(("transformer", "mobilenet", "efficientnet", "keras_app", "user"))
+    kind = rng.choice(USER_MODELS) if family == "user" else None  # drawn once, then its sizes
+    shape = {"transformer": _transformer, "user": lambda r: user_model(r, kind)}
     while True:
-        knobs, gflops, held, fixed = (
-            _transformer(rng) if family == "transformer" else _cnn(rng, family)
-        )
+        knobs, gflops, held, fixed = shape.get(family, lambda r: _cnn(r, family))(rng)
         b, accum, precision = rng.randint(1, 64), rng.choice(ACCUMS), rng.choice(PRECISIONS)
         if family != "transformer" and precision == "mixed":
             gflops *= MIXED_CNN_SLOWDOWN
         if gflops * b * accum > budget.gflops or fixed + held * b > budget.mib:
             continue
-        policy = rng.choice(POLICIES)
+        policy = rng.choice(policies(knobs) if is_user(knobs) else POLICIES)
         while policy == "selective" and knobs.get("model.name") in NO_SELECTIVE:
             policy = rng.choice(POLICIES)  # drawn again: a draw is a job that runs
         return knobs | {
@@ -151,7 +153,10 @@ def overrides(knobs: dict) -> list[str]:
 SHORT = {
     "model.h": "h", "model.layers": "L", "model.heads": "a", "data.seq_len": "s",
     "data.vocab_size": "V", "model.attention_block": "block", "model.dropout": "drop",
-    "data.image_size": "px", "data.batch_size": "b", "accum": "accum",
+    "data.image_size": "px", "data.batch_size": "b", "accum": "accum", "model.cell": "cell",
+    "model.units": "U", "model.depth": "depth", "model.embed": "embed", "model.width": "w",
+    "model.patch": "patch", "model.filters": "filters", "model.groups": "groups",
+    "model.bidirectional": "bi",
 }  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import itertools
 import random
 import time
 
-from runner.bench import draws, mib, run_jobs, table
+from runner.bench import draws, draws_user, mib, run_jobs, table
 
 # At these sizes the attention core dominates, so the rules for it are what is checked.
 SIZES = [
@@ -96,8 +96,11 @@ def draw_args(extra: list[str]) -> tuple[int, int, list[str]]:
 
 def run_draw(knobs: dict, extra: list[str]) -> dict:
     """One draw's run(cfg) in a fresh process: its logged figures, or {"error": why}."""
+    # a user's model (runner/bench/draws_user.py) is composed from examples/conf
+    config_dir = draws_user.examples_importable() if draws_user.is_user(knobs) else None
     try:
-        return run_jobs({draws.describe(knobs): draws.overrides(knobs)}, extra).popitem()[1]
+        job = {draws.describe(knobs): draws.overrides(knobs)}
+        return run_jobs(job, extra, config_dir).popitem()[1]
     except Exception as error:  # a draw that fails is reported, not a crash of the sweep
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
 

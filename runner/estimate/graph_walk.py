@@ -98,6 +98,19 @@ def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
     return held, transient
 
 
+def backward_runs(ops, producer: dict, input_gradient: bool = False) -> tuple[set, list[bool]]:
+    """(the tensors whose gradient the step computes, whether each op's backward runs).
+    A tensor's gradient is computed when a trainable weight went into it: TensorFlow prunes
+    the rest of the gradient graph (no input gradient of a convolution that reads a Rescaling
+    of the model's input, no backward of the Rescaling). An op's backward runs when a weight
+    needs its outputs' gradient."""
+    needs = {t for _, _, ins, _ in ops for t in ins if t not in producer and input_gradient}
+    for _, op, ins, outs in ops:
+        if getattr(op, "trainable_weights", None) or any(t in needs for t in ins):
+            needs.update(outs)
+    return needs, [any(t in needs for t in outs) for _, _, _, outs in ops]
+
+
 def walk_step(
     model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient: bool = False
 ) -> tuple[int, int, int]:
@@ -122,16 +135,7 @@ def walk_step(
         return ends[segment[op.name]] if op.name in segment else n - 1
 
     producer = {t: i for i, _, _, outs in ops for t in outs}
-    # Tensors whose gradient the step computes: those a trainable weight went into. TensorFlow
-    # prunes the rest of the gradient graph (no input gradient of a convolution that reads a
-    # Rescaling of the model's input, no backward of the Rescaling).
-    needs = {t for _, _, ins, _ in ops for t in ins if t not in producer and input_gradient}
-    for _, op, ins, outs in ops:
-        if getattr(op, "trainable_weights", None) or any(t in needs for t in ins):
-            needs.update(outs)
-
-    # whether each op's backward runs: a weight needs its outputs' gradient
-    runs = [any(t in needs for t in outs) for _, _, _, outs in ops]
+    needs, runs = backward_runs(ops, producer, input_gradient)
 
     def weight_gradient_ends(c: int) -> int:
         """Where reader c's backward is done with its input: a layer with weights computes its
@@ -188,14 +192,17 @@ def walk_step(
                 crossing.update(outs)
         # What it keeps of its own, freed by its own backward.
         scaled = getattr(op, "scale", False)
-        own = layer_rules.own_kept_bytes(kind, size, sum(inputs), width(op), half, scaled) * runs[i]
+        grad_in = any(t in needs for t in ins)  # its input gradient is computed
+        own = layer_rules.own_kept_bytes(
+            kind, size, sum(inputs), width(op), half, scaled, op, grad_in
+        )
+        own *= runs[i]
         kept.add(i, last_alive(i, op), own)
         if op.name not in segment:
             fkept.add(i + 1, n - 1, own)
         # Its kernel's 16-bit copy: the executor casts every kernel when the step starts, a
         # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits);
         # XLA makes each copy of a kernel once, for the forward and the recomputation alike.
-        grad_in = any(t in needs for t in ins)  # its input gradient is computed
         cast = _kernel_elements(op) * p if width(op) < 4 else 0
         copy = _xla_kernel_bytes(op, grad_in) if executor.cpu_xla and _convolves(op) else cast
         kept.add(i, n - 1, copy * runs[i])

@@ -16,21 +16,40 @@ import math
 
 import keras
 
+from runner.estimate.sequence_rules import (
+    attention_sizes,
+    recurrent_kept_bytes,
+    recurrent_shape,
+    recurrent_workspace_bytes,
+)
+
 # Gradients that read the layer's input, or its output (the rest read neither).
 KEEPS_INPUT = {
     "Conv1D", "Conv2D", "DepthwiseConv2D", "SeparableConv2D", "Dense", "EinsumDense",
     "BatchNormalization", "LayerNormalization", "LayerNorm", "Multiply", "Embedding", "GELU",
     "attention_scores", "attention_context", "MaxPooling2D",
     "Activation:swish", "Activation:silu", "Activation:hard_swish",
-    "Activation:hard_silu", "Activation:elu", "Activation:selu",
+    "Activation:hard_silu", "Activation:elu", "Activation:selu", "Activation:mish",
+    "UnitNormalization", "GroupNormalization", "MultiHeadAttention",
+    # LeakyReluGrad, the transposed convolutions' filter gradients, BatchMatMul's (Dot,
+    # Attention), ResizeBilinearGrad and MaxPoolGrad read the input (measured: chains of each,
+    # 4.0 bytes an element in float32, 2.0 in bfloat16; TimeDistributed(Dense) its Dense's)
+    "LeakyReLU", "Activation:leaky_relu", "Conv2DTranspose", "Conv1DTranspose", "Dot",
+    "Attention", "TimeDistributed", "Resizing", "MaxPooling1D",
 }  # fmt: skip
 KEEPS_OUTPUT = {
     "ReLU", "Softmax", "attention_softmax", "MaxPooling2D", "Activation:relu",
     "Activation:relu6", "Activation:sigmoid", "Activation:tanh", "Activation:softmax",
+    "ELU", "Activation:exponential", "MaxPooling1D",  # EluGrad, Exp's gradient: y
 }  # fmt: skip
 # Upcast their 16-bit inputs to float32 (keras/src/layers/normalization, ops.nn) and keep
 # that copy; models/memory_limited.py's LayerNorm keeps its 16-bit input instead.
-NORMS = {"BatchNormalization", "LayerNormalization"}
+# GroupNormalization too (group_normalization.py _apply_normalization), but its x * inv + res
+# broadcasts inv per (example, group): it keeps no input-sized product (measured, chains of it
+# at 8 and 32 groups: 4.0 bytes an element, float32 and bfloat16). UnitNormalization is
+# x * rsqrt(sum(x^2)) in its compute dtype (keras/src/ops/nn.py normalize): Square's and the
+# product's gradients read x (4.0 and 2.0 bytes an element).
+NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization"}
 # Tensors of its output's size (in its compute dtype) a layer keeps of its own for its
 # gradient, in place of its input. keras.activations.gelu (approximate=False, the default of
 # Activation("gelu"), ConvNeXt's) is tf.nn.gelu: 0.5x * erfc(-x/sqrt(2)) in four ops, whose
@@ -43,7 +62,26 @@ NORMS = {"BatchNormalization", "LayerNormalization"}
 # division's reads relu6(x + 3), Relu6's its output; so beside x it keeps two tensors.
 # Measured, a chain of Activation("hard_swish") on 8x16x16x64: 12.0 bytes per element in
 # float32, 6.0 in float16, 5.5 in bfloat16 (3, 3 and 2.75 tensors; the old rule kept x only).
-OWN_KEPT = {"Activation:gelu": 3, "Activation:hard_silu": 2, "Activation:hard_swish": 2}
+# keras.activations.gelu(x, approximate=True) (registered by keras_hub as gelu_approximate) is
+# tf.nn.gelu's tanh form, 0.5x * (1 + tanh(c(x + 0.044715 x^3))): the product's gradient reads
+# 0.5x and 1 + tanh, Tanh's its output, Pow's 3x^2 (computed ahead), not x: 4 tensors
+# (measured 16.0 bytes an element in float32, 8.0 in bfloat16 and float16). mish is
+# x * tanh(softplus(x)) (keras/src/activations/activations.py): the product reads x and the
+# tanh, Tanh its output, Softplus's gradient sigmoid(x), computed ahead: x and two of its own
+# (measured 11-12 bytes an element in float32, 5.5-6 in 16 bits).
+OWN_KEPT = {
+    "Activation:gelu": 3, "Activation:hard_silu": 2, "Activation:hard_swish": 2,
+    "Activation:gelu_approximate": 4, "Activation:mish": 2,
+    # softplus's gradient reads sigmoid(x), computed ahead; GaussianDropout's Mul reads its
+    # noise, AlphaDropout's its cast keep mask; PReLU is relu(x) - alpha * relu(-x): both relus
+    "Activation:softplus": 1, "GaussianDropout": 1, "AlphaDropout": 1, "PReLU": 2,
+}  # fmt: skip
+# Bytes an output element a layer keeps of its own whatever its dtype: Dropout's bool keep
+# mask (where_v2(rand >= rate, ...): _SelectGradV2 reads the condition), Maximum's and
+# Minimum's bool comparison, a max pooling's uint8 workspace (oneDNN's MaxPool, seen in the
+# allocation trace: 5.0 bytes an element in float32, 3.0 in bfloat16, where the rule read 4.0
+# and 2.0). Measured in chains of each, float32 and bfloat16.
+OWN_KEPT_BYTES = {"Dropout": 1, "Maximum": 1, "Minimum": 1, "MaxPooling1D": 1, "MaxPooling2D": 1}
 # Elementwise activations whose gradient is one binary kernel (ReluGrad, Relu6Grad, SigmoidGrad,
 # TanhGrad) that writes the input gradient over the output gradient it reads, when nothing else
 # reads that (TensorFlow's forward_input_or_allocate_output): their backward takes no buffer.
@@ -122,7 +160,14 @@ def layer_flops(op) -> float:
 
 
 def own_kept_bytes(
-    kind_name: str, out: int, into: int, width: int, half: bool, scaled: bool
+    kind_name: str,
+    out: int,
+    into: int,
+    width: int,
+    half: bool,
+    scaled: bool,
+    op=None,
+    grad_in: bool = True,
 ) -> int:
     """Bytes a layer keeps of its own for its backward (freed by it), beyond the outputs its
     readers keep: out/into are its output's and input's elements, width the bytes of its
@@ -132,8 +177,33 @@ def own_kept_bytes(
       input's shape (keras/src/ops/nn.py _layer_normalization), which the product's gradient
       reads: one float32 tensor of the input's size (seen in an allocation trace of a chain of
       norms, float32 and bfloat16, beside the float32 copy under bfloat16);
-    - OWN_KEPT's tensors (GELU's)."""
-    nbytes = OWN_KEPT.get(kind_name, 0) * out * width
+    - OWN_KEPT's tensors (GELU's, mish's);
+    - a MultiHeadAttention's query, key, value and context (on its dropout path Keras's einsum
+      transposes copies of them, of the same size), and its scores: without dropout
+      ops.dot_product_attention computes the softmax in float32 and keeps it and its scaled
+      copy (Grappler moves the scale into the forward), and under a 16-bit policy the 16-bit
+      probabilities too; with dropout the Softmax output, the dropped probabilities and the
+      keep mask (1 byte). Measured, chains of self-attention (b 4, T 128-256, 4-8 heads):
+      1.000 of the rule with dropout, float32 and bfloat16; 1.00-1.09 without;
+    - LayerNormalization(rms_scaling=True): reduce_variance's x - mean, one float32 tensor;
+    - a recurrent layer's steps (recurrent_kept_bytes; grad_in: its input gets a gradient)."""
+    nbytes = (OWN_KEPT.get(kind_name, 0) * width + OWN_KEPT_BYTES.get(kind_name, 0)) * out
+    if kind_name == "Attention" and op is not None:  # its softmax weights, b x Tq x Tv
+        query, value = op._inbound_nodes[0].input_tensors[:2]
+        nbytes += out // query.shape[-1] * value.shape[1] * width
+    if kind_name == "Resizing" and half:  # _saturate_cast's clip: two bool masks
+        nbytes += 2 * out
+    if op is not None:
+        nbytes += recurrent_kept_bytes(op, into, width, grad_in)
+    if kind_name == "MultiHeadAttention" and op is not None:
+        q_side, kv_side, scores = attention_sizes(op, out)
+        nbytes += (q_side + kv_side) * width
+        if getattr(op, "dropout", 0) > 0:  # Softmax layer, dropped scores, bool keep mask
+            nbytes += scores * (2 * width + 1)
+        else:  # ops.dot_product_attention: float32 softmax, softmax * scale, 16-bit cast
+            nbytes += scores * (8 + (width if width < 4 else 0))
+    if kind_name == "LayerNormalization" and getattr(op, "rms_scaling", False):
+        nbytes += 4 * into  # reduce_variance's x - mean (SquaredDifference's gradient)
     if kind_name in NORMS and half:
         nbytes += 4 * into
     if kind_name == "LayerNormalization" and scaled:
@@ -144,6 +214,8 @@ def own_kept_bytes(
 def kernels(op) -> list:
     """The kernels a layer reads (a convolution's, a depthwise convolution's, a Dense
     layer's), each once: none for a layer without one."""
+    if type(op).__name__ == "MultiHeadAttention":  # its four EinsumDense projections'
+        return [d.kernel for d in (op.query_dense, op.key_dense, op.value_dense, op.output_dense)]
     found = (getattr(op, n, None) for n in ("kernel", "depthwise_kernel", "pointwise_kernel"))
     return list({id(k): k for k in found if k is not None}.values())
 
@@ -195,7 +267,15 @@ def workspace_bytes(
     casts the map to float32 before reducing it (keras/src/backend/tensorflow/numpy.py mean):
     its gradient is the float32 broadcast of the output gradient over the input's shape, cast
     back to 16 bits beside it."""
-    if kind_name in NORMS:
+    if recurrent_shape(op) is not None:
+        return recurrent_workspace_bytes(op, inputs[0], width)
+    if kind_name == "TimeDistributed":  # a StridedSliceGrad of the input's size per step
+        steps = op._inbound_nodes[0].input_tensors[0].shape[1] or 1
+        return ((steps + 1) * inputs[0] + out) * width
+    if kind_name == "MultiHeadAttention":  # the softmax gradient's two score-sized tensors
+        scores = attention_sizes(op, out)[2]
+        nbytes = (out + sum(inputs)) * width + 2 * scores * (width if op.dropout > 0 else 4)
+    elif kind_name in NORMS:
         nbytes = out * width + NORM_TEMPORARIES * inputs[0] * 4
     elif kind_name in GRADIENT_IN_PLACE:
         nbytes = out * width

@@ -11,6 +11,7 @@ import keras
 
 from models.common import is_graph
 from runner.estimate import (
+    coverage,
     executor_rules,
     graph_walk,
     resident,
@@ -35,6 +36,18 @@ NOT_MODELLED = (
 def not_modelled(cfg, model) -> str | None:
     """Why the estimate has no activations part for this job (None: it has one)."""
     return None if is_graph(model) else NOT_MODELLED
+
+
+def estimate_note(cfg, model, cpu_xla: bool) -> str | None:
+    """What the rules' estimate leaves out of this job, in one line (the run's
+    `mem/estimate_note`): a subclassed model's activations (no total), or the layer kinds the
+    walk has no rule for (a lower bound) and what recurrent layers may add; None when it
+    leaves nothing out. The shipped transformer is its closed form's (transformer_form.py)."""
+    if not is_graph(model):
+        return NOT_MODELLED
+    if cfg.model.name == "transformer":
+        return None
+    return coverage.note(model, cfg.data.batch_size, _activation_bytes(cfg, cpu_xla))
 
 
 def attention_block(cfg, spec) -> int | None:
@@ -124,7 +137,12 @@ def _graph_activations(
     connections hold (with a convolution's buffers); and the weight gradients still being
     applied (0 unless `executor` models them). XLA fuses further."""
     kept, workspace, grads = graph_walk.walk_step(model, b, p, remat, executor)
-    return kept + resident.inputs_bytes(model, b, on_gpu), workspace, grads
+    return kept + resident.inputs_bytes(input_shapes(model), b, on_gpu), workspace, grads
+
+
+def input_shapes(model) -> list[tuple]:
+    """An example's shape of each of a graph model's inputs."""
+    return [tuple(t.shape[1:]) for t in model.inputs]
 
 
 def estimate_memory(
@@ -190,7 +208,8 @@ def estimate_memory(
             )
         else:
             update = executor_rules.update_call_bytes(trainable, optimizer, threads, replicated)
-        inputs = resident.inputs_bytes(model, cfg.data.batch_size, on_gpu)  # all alive beside it
+        # all alive beside it
+        inputs = resident.inputs_bytes(input_shapes(model), cfg.data.batch_size, on_gpu)
         if update + inputs > activations + workspace + gradients:
             activations, workspace, gradients = inputs, 0, update
     waste = 0  # the allocator's rounding of a step without XLA (XLA's buffers are its plan's)

@@ -13,8 +13,8 @@ def nbytes(variables) -> int:
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-def inputs_bytes(model, b: int, on_gpu: bool = False) -> int:
+def inputs_bytes(shapes: list[tuple], b: int, on_gpu: bool = False) -> int:
     """The input micro-batches the pipeline holds (INPUT_MICRO_BATCHES; on a GPU the step's
-    own), in float32."""
+    own) of inputs shaped `shapes` (an example's), in float32 or int32."""
     micro_batches = 1 if on_gpu else INPUT_MICRO_BATCHES
-    return micro_batches * b * sum(math.prod(t.shape[1:]) for t in model.inputs) * 4
+    return micro_batches * b * sum(math.prod(shape) for shape in shapes) * 4

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
+from omegaconf import OmegaConf
 from tensorflow.compiler.xla.service import hlo_pb2
 
 from runner.estimate import executor_rules, resident
@@ -68,23 +69,23 @@ def read(function, args: tuple, device: str | None = None) -> CallPlan:
     return CallPlan(parameters, outputs, temporaries, time.perf_counter() - start)
 
 
-def example_batch(model, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """A micro-batch of zeros shaped as the step reads one: the model's input, and a class per
-    output position (a label an example, or one per token)."""
-    (inputs,) = model.inputs
-    x = tf.zeros((batch, *inputs.shape[1:]), inputs.dtype)
-    y = tf.zeros((batch, *model.outputs[0].shape[1:-1]), tf.int32)
+def example_batch(spec, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """A micro-batch of zeros as the pipeline feeds the step one (models/spec.py DataSpec):
+    float32 images or int32 tokens, and a class an example or, per token, one a position."""
+    dtype = tf.int32 if spec.kind == "tokens" else tf.float32
+    x = tf.zeros((batch, *spec.input_shape), dtype)
+    y = tf.zeros((batch, *spec.input_shape[:1]) if spec.per_token else (batch,), tf.int32)
     return x, y
 
 
-def plan_step(trained, optimizer, accum: int, batch: int, device: str | None = None):
+def plan_step(trained, optimizer, spec, accum: int, batch: int, device: str | None = None):
     """The plans of a job's train step at micro-batch `batch` (one per compiled call), built as
     runner/train/pipeline.py builds it: `trained` is the model the step calls (checkpointing's
     wrapper), the loss the run's. Pruning's mask choice is not in it (the estimate counts it
     apart: executor_rules.choice_bytes)."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = make_train_step(trained, optimizer, loss_fn, accum, jit_compile=True)
-    return [read(fn, args, device) for fn, args in step.calls(*example_batch(trained, batch))]
+    return [read(fn, args, device) for fn, args in step.calls(*example_batch(spec, batch))]
 
 
 def key(trained, optimizer, accum: int, batch: int, device: str | None) -> dict | None:
@@ -133,25 +134,33 @@ class Planned:
 REFUSED = (tf.errors.OpError, ValueError, NotImplementedError, TypeError)
 
 
-def plans(optimizer, cfg, planned: Planned) -> tuple[list[CallPlan], bool]:
+# The config groups that decide a step's program beside the model's layers.
+CONFIG_KEYS = ("model", "precision", "checkpointing")
+
+
+def plans(optimizer, cfg, spec, planned: Planned) -> tuple[list[CallPlan], bool]:
     """XLA's plans of the job's step calls at its micro-batch, and whether they were cached."""
     b, accum, trained = cfg.data.batch_size, cfg.accum, planned.trained
     what = key(trained, optimizer, accum, b, planned.device)
+    if what is not None:  # what the model's JSON does not say: how its step is rebuilt
+        # (selective checkpointing wraps calls, not layers) and what it is fed
+        config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in CONFIG_KEYS}
+        what |= {"config": config, "spec": repr(spec)}
     return cached(
         planned.cache,
         what,
-        lambda: plan_step(trained, optimizer, accum, b, planned.device),
+        lambda: plan_step(trained, optimizer, spec, accum, b, planned.device),
     )
 
 
 def from_plan(model, optimizer, cfg, spec, cpu_xla: bool, on_gpu: bool, planned: Planned) -> dict:
-    """The parts of a step XLA compiles, from XLA's own plan of it (runner/estimate/py):
+    """The parts of a step XLA compiles, from XLA's own plan of it (runner/estimate/xla_plan.py):
     the variables (weights, slots, sums, masks) as everywhere; the input micro-batches the
     pipeline holds; and "xla_plan", what the step's larger call adds while it runs (its
     activations, gradients and workspace, as XLA packs them; they are not told apart), with no
     allocator's rounding (XLA's buffers are its plan's)."""
     trainable = model.trainable_variables
-    calls, _ = plans(optimizer, cfg, planned)
+    calls, _ = plans(optimizer, cfg, spec, planned)
     step = max(c.added for c in calls)
     threads = executor_rules.inter_op_threads()
     schedule = cfg.pruning.schedule
@@ -164,7 +173,7 @@ def from_plan(model, optimizer, cfg, spec, cpu_xla: bool, on_gpu: bool, planned:
         "masks": executor_rules.float32_bytes(kernels),
         "mask_choice": max(0, choice),
         "data": 0 if on_gpu else spec.held_bytes,
-        "inputs": resident.inputs_bytes(model, cfg.data.batch_size, on_gpu),
+        "inputs": resident.inputs_bytes([spec.input_shape], cfg.data.batch_size, on_gpu),
         "xla_plan": step,
     }
     return {**parts, "total": sum(parts.values())}

@@ -126,12 +126,13 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
         figures["remat/segments"] = facts.remat.segments
     if cfg.precision.loss_scaling:
         figures["precision/skipped_steps"] = history.skipped_steps
+    said = (
+        None
+        if "mem/estimate/xla_plan_bytes" in held
+        else memory.estimate_note(cfg, facts.model, cpu_xla)
+    )
     sources = {
-        **(
-            {}
-            if "mem/estimate_bytes" in held
-            else {"mem/estimate_note": memory.not_modelled(cfg, facts.model)}
-        ),
+        **({"mem/estimate_note": said} if said else {}),
         "mem/source": facts.mem.source,
         "mem/estimate_source": memory.source(memory_parts(held), cfg, cpu_xla),
         "mem/reserved_source": reserved_source,

@@ -26,10 +26,13 @@ class Outcome:
     table: list[dict] = field(default_factory=list)  # the layer profile's rows, if any
 
 
-def _estimate(figures: dict) -> str:
+def _estimate(figures: dict, sources: dict) -> str:
     if "mem/estimate_bytes" not in figures:  # a subclassed model (estimate.NOT_MODELLED)
         return "estimate: activations not modelled"
-    return f"estimate {figures['mem/estimate_bytes'] / 2**20:.1f} MiB"
+    said = f"estimate {figures['mem/estimate_bytes'] / 2**20:.1f} MiB"
+    if "not modelled:" in sources.get("mem/estimate_note", ""):  # coverage.note
+        said += ", a lower bound"
+    return said
 
 
 def _steady(figures: dict) -> str:
@@ -58,7 +61,7 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
     if "prune/sparsity" in figures:
         lines.append(pruning_summary(figures))
     lines.append(
-        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB ({_estimate(figures)}; "
+        f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB ({_estimate(figures, sources)}; "
         f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"
         f"{figures['mem/peak_reserved_bytes'] / 2**20:.1f} MiB)   step "
         f"{figures['speed/step_time_s_p50'] * 1e3:.1f} ms p50 "
@@ -71,6 +74,8 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
             f"  host: data setup (data={cfg.data.name}, to its first batch) process RSS "
             f"{figures['host/data_setup_rss_bytes'] / 2**20:+.1f} MiB"
         )
+    if "mem/estimate_note" in sources:  # what the estimate leaves out (estimate.estimate_note)
+        lines.append(f"  estimate: {sources['mem/estimate_note']}")
     if "mem/peak_scope" in sources:  # under tf.distribute; the estimate is one replica's
         lines.append(f"  peak of {sources['mem/peak_scope']}; the estimate is one replica's")
     if table:
