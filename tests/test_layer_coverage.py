@@ -81,7 +81,7 @@ def mha_chain(depth: int) -> keras.Model:
 
 
 def groupnorm_chain(depth: int) -> keras.Model:
-    x = keras.Input((16, 16, 32))
+    x = keras.Input((32, 32, 32))
     h = x
     for _ in range(depth):
         h = L.GroupNormalization(8)(L.Conv2D(32, 1)(h))
@@ -105,7 +105,8 @@ def _measured() -> dict[str, list[int]]:
             model = chain(depth)
             x = tf.random.normal((b, *model.inputs[0].shape[1:]))
             y = tf.zeros((b,), tf.int32)
-            peaks.append(step_peak(model, x, y, peak=requested_peak))
+            # the least of two calls: a call can hold a tensor the executor freed late
+            peaks.append(min(step_peak(model, x, y, peak=requested_peak) for _ in range(2)))
         out[name] = peaks
     return out
 
@@ -122,7 +123,7 @@ def test_two_more_layers_hold_what_their_rules_say(measured, name):
     # removed (RECURRENT_KEPT 0), the walk counted none. MultiHeadAttention with dropout
     # (b 4, 128 tokens, 4 heads of 16): q, k, v and the context, the softmax, the dropped
     # probabilities and the keep mask: 3.3 MiB a layer, where the walk had counted nothing.
-    # GroupNormalization after a 1x1 Conv2D (16x16x32, 8 groups, b 16): its input, as a
+    # GroupNormalization after a 1x1 Conv2D (32x32x32, 8 groups, b 16): its input, as a
     # norm's, with no input-sized product.
     chain, b = CHAINS[name]
     walked = [sum(graph_walk.walk(chain(d), b, 4, RematInfo())) for d in (1, 3)]
