@@ -88,26 +88,37 @@ def plan_step(trained, optimizer, spec, accum: int, batch: int, device: str | No
     return [read(fn, args, device) for fn, args in step.calls(*example_batch(spec, batch))]
 
 
-def key(trained, optimizer, accum: int, batch: int, device: str | None) -> dict | None:
-    """What decides a step's plan: the model as Keras serializes it (layers, shapes, dtype
-    policies), the optimizer's kind and settings, accum, the micro-batch, the device and
-    TensorFlow's version. None where the model cannot be serialized (a layer without
-    get_config): its plans are not cached."""
+def _layer_config(layer) -> str:
     try:
-        model = trained.to_json()
+        return json.dumps(layer.get_config(), sort_keys=True, default=str)
     except (NotImplementedError, TypeError, ValueError):
-        return None
+        return type(layer).__name__  # a layer without get_config: its kind
+
+
+def fingerprint(model) -> list:
+    """What a model's program is made of, as far as Keras can say: each layer's kind and
+    settings (get_config), and each weight's path, shape and dtype. A checkpointing wrapper or
+    a user's own layer may not serialize as a whole model; their layers still do."""
+    layers = [_layer_config(layer) for layer in model._flatten_layers(include_self=False)]
+    weights = [(w.path, tuple(w.shape), str(w.dtype)) for w in model.weights]
+    return [type(model).__name__, layers, weights]
+
+
+def key(trained, optimizer, accum: int, batch: int, device: str | None) -> dict:
+    """What decides a step's plan: the model (its fingerprint), the optimizer's kind and
+    settings, accum, the micro-batch, the device and TensorFlow's version."""
     settings = json.dumps(optimizer.get_config(), sort_keys=True, default=str)
     return {
-        "model": model, "optimizer": type(optimizer).__name__, "settings": settings,
-        "accum": accum, "batch": batch, "device": device or "cpu", "tf": tf.__version__,
+        "model": fingerprint(trained), "optimizer": type(optimizer).__name__,
+        "settings": settings, "accum": accum, "batch": batch, "device": device or "cpu",
+        "tf": tf.__version__,
     }  # fmt: skip
 
 
-def cached(folder: Path | None, what: dict | None, compute) -> tuple[list[CallPlan], bool]:
+def cached(folder: Path | None, what: dict, compute) -> tuple[list[CallPlan], bool]:
     """(compute()'s plans, whether they came from the cache), kept as folder/xla-plan-<hash of
     `what`>.json: a plan is XLA's for that model, optimizer, batch and device."""
-    if folder is None or what is None:
+    if folder is None:
         return compute(), False
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
     path = Path(folder) / f"xla-plan-{digest}.json"
@@ -128,6 +139,7 @@ class Planned:
     trained: keras.Model
     device: str | None = None
     cache: Path | None = None
+    ledger: list | None = None  # (seconds, from the cache) of each plan read, if given
 
 
 # A step XLA cannot compile (an op without an XLA kernel) or a model it cannot trace here.
@@ -142,15 +154,19 @@ def plans(optimizer, cfg, spec, planned: Planned) -> tuple[list[CallPlan], bool]
     """XLA's plans of the job's step calls at its micro-batch, and whether they were cached."""
     b, accum, trained = cfg.data.batch_size, cfg.accum, planned.trained
     what = key(trained, optimizer, accum, b, planned.device)
-    if what is not None:  # what the model's JSON does not say: how its step is rebuilt
-        # (selective checkpointing wraps calls, not layers) and what it is fed
-        config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in CONFIG_KEYS}
-        what |= {"config": config, "spec": repr(spec)}
-    return cached(
+    # what the layers do not say: how the step is rebuilt (selective checkpointing wraps
+    # calls, not layers) and what it is fed
+    config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in CONFIG_KEYS}
+    what |= {"config": config, "spec": repr(spec)}
+    start = time.perf_counter()
+    found, hit = cached(
         planned.cache,
         what,
         lambda: plan_step(trained, optimizer, spec, accum, b, planned.device),
     )
+    if planned.ledger is not None:
+        planned.ledger.append((time.perf_counter() - start, hit))
+    return found, hit
 
 
 def from_plan(model, optimizer, cfg, spec, cpu_xla: bool, on_gpu: bool, planned: Planned) -> dict:

@@ -9,6 +9,7 @@ from hydra._internal.utils import get_args_parser
 from runner.cli import check_command_line
 from runner.config import compose_config
 from runner.core.errors import PlanError
+from runner.core.machine import cache_dir
 from runner.core.start import import_tensorflow
 from runner.core.units import mib
 
@@ -21,7 +22,8 @@ def main(argv: list[str]) -> list:
     from runner.plan import probe, table
 
     try:
-        rows, total, source, usable = table.table(cfg)
+        ledger = []  # each XLA plan read: (seconds, from the cache)
+        rows, total, source, usable = table.table(cfg, ledger=ledger)
     except PlanError as err:
         raise SystemExit(f"error: {err}") from None
     effective = table.target_batch(cfg)
@@ -37,8 +39,19 @@ def main(argv: list[str]) -> list:
     print(
         f"model={cfg.model.name}, effective batch {effective} (trainer.effective_batch_size), "
         f"budget {mib(total):.1f} MiB ({source}), {mib(usable):.1f} MiB usable after "
-        f"plan.margin={cfg.plan.margin}; predicted peaks are the analytic estimate"
+        f"plan.margin={cfg.plan.margin}; predicted peaks are "
+        + (
+            "XLA's own plans of the step (trainer.jit_compile)"
+            if ledger
+            else "the analytic estimate"
+        )
     )
+    if ledger:  # runner/estimate/xla_plan.py: compiled, or read from the cache
+        cached = sum(hit for _, hit in ledger)
+        print(
+            f"XLA's plans: {len(ledger)} read in {sum(s for s, _ in ledger):.1f} s, {cached} "
+            f"from the cache ({cache_dir()})"
+        )
     if cfg.plan.measure:
         for row in fitting:
             result = probe.probe(

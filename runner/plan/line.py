@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 import keras
 from omegaconf import DictConfig
 
+from models.common import is_graph
 from runner.config import takes_images, with_batch
 from runner.core import machine
 from runner.core.errors import PlanError
+from runner.core.machine import cache_dir
 from runner.core.units import parse_bytes
-from runner.estimate import memory
+from runner.estimate import coverage, executor_rules, memory, xla_plan
 from runner.estimate.memory import is_cpu_xla
 from runner.feed.pipelines import build_data
 from runner.measure import flops
@@ -111,6 +113,7 @@ class Line:
     accumulation: float
     per_sample: float | None  # None: activations not modelled (a subclassed model): probe
     parts: dict = field(default_factory=dict)
+    unmodelled: str = ""  # the layer kinds the estimate has no rule for: probed, not predicted
     # The estimate itself at these micro-batches (b: bytes above fixed and the sum), where it
     # is not linear in b: a convolution's im2col buffer grows with b up to its working set,
     # then stays (runner/estimate/conv_scratch.py).
@@ -138,9 +141,12 @@ def data_spec(cfg: DictConfig):
     return build_data(with_batch(cfg, 1, 1), takes_images(cfg)).spec
 
 
-def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
+def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, ledger=None) -> tuple:
     """(Line, hardware FLOPs of a step at the target batch) of cfg's precision, checkpointing
-    and pruning, from the analytic estimate of the model as the run builds it."""
+    and pruning, from the analytic estimate of the model as the run builds it. Where XLA
+    compiles the step, from XLA's own plans of it (runner/estimate/xla_plan.py), cached in
+    cache_dir(), each read's (seconds, cached) appended to `ledger`: at micro-batch 1 and at
+    the target batch, the line through them."""
     keras.backend.clear_session()
     effective = target_batch(cfg)
     cfg = with_batch(cfg, 1, 1)
@@ -151,16 +157,21 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
         model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg.precision)
         optimizer.build(model.trainable_variables)
+        if jit:
+            device = "/device:GPU:0" if on_gpu else None
+            planned = xla_plan.Planned(model, device, cache_dir(), ledger)
+            line = _planned_line(built, optimizer, cfg, spec, effective, remat, planned)
+            return line, _hardware(built, cfg, spec, effective, remat)
         one = memory.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat, on_gpu)
         two = memory.estimate_memory(
             built, optimizer, with_batch(cfg, 2, 2), spec, cpu_xla, remat, on_gpu
         )
-        flops_cfg = with_batch(cfg, effective, 1)
-        model_flops = flops.model_flops_per_step(built, flops_cfg, spec)
-        hardware = flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
+        hardware = _hardware(built, cfg, spec, effective, remat)
     fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks", "data")}
-    if one["total"] is None:  # a subclassed model: the probes measure what it keeps per example
-        return Line(sum(fixed.values()), two["accumulation"], None, fixed), hardware
+    unmodelled = coverage.unmodelled(built, 1, 4)[0] if is_graph(built) else {}
+    if one["total"] is None or unmodelled:  # the probes measure what it keeps per example
+        said = ", ".join(f"{k} x{n}" for k, n in sorted(unmodelled.items()))
+        return Line(sum(fixed.values()), two["accumulation"], None, fixed, said), hardware
     one_batch, two_batch = (e["activations"] + e["workspace"] + e["allocator"] for e in (one, two))
     per_sample = two_batch - one_batch
     # What does not grow with the micro-batch (a grouped convolution's XLA buffer) stays.
@@ -177,6 +188,32 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str) -> tuple:
         (b1, p1), (b2, p2) = sorted(line.points.items())[-2:]
         line.per_sample = (p2 - p1) / (b2 - b1)
     return line, hardware
+
+
+def _hardware(built, cfg, spec, effective: int, remat) -> float:
+    """Hardware FLOPs of a step at the target batch (checkpointing's recomputation in)."""
+    flops_cfg = with_batch(cfg, effective, 1)
+    model_flops = flops.model_flops_per_step(built, flops_cfg, spec)
+    return flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
+
+
+def _planned_line(built, optimizer, cfg, spec, effective: int, remat, planned) -> Line:
+    """The line through XLA's plans of the step at micro-batch 1 and at the target batch, each
+    an accum=1 step (its update in the same call: a micro-batch's call of an accumulating
+    step holds no more), the accumulation sum beside it for accum > 1."""
+    at = {}
+    for b in sorted({1, effective}):
+        job = with_batch(cfg, b, 1)
+        at[b] = memory.estimate_memory(built, optimizer, job, spec, True, remat, False, planned)
+    one = at[1]
+    fixed = {k: one[k] for k in ("params", "optimizer", "masks", "data")}
+    base = sum(fixed.values())
+    sums = executor_rules.float32_bytes(built.trainable_variables)
+    line = Line(base, sums, None, fixed)
+    line.points = {b: parts["total"] - base for b, parts in at.items()}
+    (b1, p1), (b2, p2) = sorted(line.points.items())[0], sorted(line.points.items())[-1]
+    line.per_sample = (p2 - p1) / (b2 - b1) if b2 > b1 else p1
+    return line
 
 
 def device_class(on_gpu: bool, precision_name: str) -> str:

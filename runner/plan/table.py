@@ -88,17 +88,22 @@ def _supported(name: str, on_gpu: bool) -> bool:
 
 
 def _row(
-    cfg, spec, on_gpu, name, effective, usable, base_flops, timed=None
+    cfg, spec, on_gpu, name, effective, usable, base_flops, timed=None, ledger=None
 ) -> tuple[Row, float | None]:
     """One row of the table, and the FLOPs of fp32/none once they are known; timed: the job's
     measured time factors (runner/plan/timing.py), which replace FLOPs and stored ratios."""
     note = ""
     attention = cfg.model.attention if cfg.model.name == "transformer" else ""
     try:
-        line, hardware = estimate_line(cfg, spec, on_gpu, name)
-        if line.per_sample is None:  # activations not modelled (a subclassed model): measured
+        line, hardware = estimate_line(cfg, spec, on_gpu, name, ledger)
+        if line.per_sample is None:  # activations not modelled: measured
+            what = (
+                f"not modelled: {line.unmodelled}"
+                if line.unmodelled
+                else "activations not modelled"
+            )
             line, _ = measured_line(cfg, line, effective)
-            note = "activations not modelled: peak from probes"
+            note = f"probed, not predicted ({what})"
     except ValueError as err:  # a policy the model cannot take; probes out of memory
         p, c = cfg.precision.name, cfg.checkpointing.policy
         row = Row(p, c, None, None, None, False, math.inf, "-", note=str(err), attention=attention)
@@ -159,11 +164,14 @@ def timings(cfg: DictConfig) -> dict | None:
     return {**timed, "attention": attention} if timed else None
 
 
-def table(cfg: DictConfig, timed: dict | None = None) -> tuple[list[Row], int, str, float]:
+def table(
+    cfg: DictConfig, timed: dict | None = None, ledger: list | None = None
+) -> tuple[list[Row], int, str, float]:
     """One row per precision x checkpointing policy (x attention kind): at the target batch,
     the largest micro-batch predicted to fit, its accum, peak and step-time ratio to fp32/none.
     timed: the job's measured time factors (timing.time_probes); measured here when
-    plan.time_probes is set and none is given. Returns
+    plan.time_probes is set and none is given; ledger: each XLA plan read's (seconds, cached)
+    is appended to it (runner/estimate/xla_plan.py). Returns
     (rows sorted cheapest first, the budget, where it came from, the usable bytes)."""
     on_gpu, name = device_info()
     total, source = budget(cfg, on_gpu)
@@ -179,7 +187,7 @@ def table(cfg: DictConfig, timed: dict | None = None) -> tuple[list[Row], int, s
         for policy, attention in itertools.product(cfg.plan.policies, attention_kinds(cfg)):
             row, base_flops = _row(
                 job(cfg, precision, policy, attention),
-                spec, on_gpu, name, effective, usable, base_flops, timed,
+                spec, on_gpu, name, effective, usable, base_flops, timed, ledger,
             )  # fmt: skip
             rows.append(row)
     rows.sort(key=_cheapest_first)
