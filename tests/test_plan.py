@@ -22,6 +22,9 @@ from tests.conftest import (
     MEMORY_BOUND,
     NO_MODEL,
     REPO,
+    TINY,
+    TINY_DATA,
+    TINY_TRAINER,
     onednn_off_result,
     run_cli,
     tiny_overrides,
@@ -255,6 +258,46 @@ def test_a_budget_below_the_fixed_part_is_one_line_without_probing(tmp_path):
     )
     assert "params " in line and "optimizer " in line and "trainer.optimizer=sgd" in line
     assert "probing" not in result.stdout and "MLflow: run" not in result.stdout
+
+
+def test_under_xla_the_plan_is_xlas_own_plan_of_the_step_read_once(store, capsys):
+    """The tiny transformer, compiled by XLA (trainer.jit_compile, auto's on a CPU): the row's
+    prediction is XLA's own plan of the step (runner/estimate/xla_plan.py), the figure the run
+    then logs as its estimate; the plans are cached, and the plan says how many it read."""
+    overrides = [*TINY["transformer"], *TINY_DATA, f"mlflow.tracking_uri={store}"]
+    overrides.append("trainer.jit_compile=true")
+    one = ["plan.precisions=[fp32]", "plan.policies=[none]", "plan.budget=64MiB"]
+    stdout = _plan_here([*overrides, *one, "trainer.effective_batch_size=8"], capsys)
+    assert "predicted peaks are XLA's own plans of the step" in stdout
+    assert "XLA's plans: 2 read" in stdout, stdout  # micro-batch 1 and 8
+    (row,) = _rows(stdout)
+    assert (row["micro_batch"], row["accum"]) == ("8", "1")
+    again = _plan_here([*overrides, *one, "trainer.effective_batch_size=8"], capsys)
+    assert "2 from the cache" in again, again
+    from runner.train import run
+
+    run_cfg = [*overrides, "data.batch_size=8", "trainer.max_steps=1", *TINY_TRAINER[1:]]
+    figures = run(compose_config(run_cfg))
+    assert figures["mem/estimate/xla_plan_bytes"] > 0
+    assert figures["mem/estimate_bytes"] / 2**20 == pytest.approx(
+        float(row["predicted_MiB"]), abs=0.01
+    )
+
+
+def test_a_model_with_a_layer_the_rules_lack_is_probed_not_predicted(capsys, monkeypatch):
+    """Without XLA, a layer kind with no rule makes the row's peak a measured one: the U-Net of
+    examples/conf with UpSampling2D's rule taken away (runner/estimate/coverage.py RULED)."""
+    from runner.estimate import coverage
+
+    monkeypatch.setattr(coverage, "RULED", coverage.RULED - {"UpSampling2D"})
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "examples"))  # the probes import my_models
+    args = ["--config-dir", str(REPO / "examples" / "conf"), "model=unet", "data.image_size=8"]
+    one_row = ["plan.precisions=[fp32]", "plan.policies=[none]"]
+    budget = ["trainer.effective_batch_size=16", "plan.budget=64MiB"]
+    stdout = _plan_here([*args, *one_row, *budget], capsys)
+    (row,) = _rows(stdout)
+    assert "probed, not predicted (not modelled: UpSampling2D x2)" in row["note"], row
 
 
 def test_a_transformers_plan_has_a_row_per_attention_kind_and_chunked_fits_more(capsys):

@@ -45,9 +45,15 @@ def estimate_note(cfg, model, cpu_xla: bool) -> str | None:
     leaves nothing out. The shipped transformer is its closed form's (transformer_form.py)."""
     if not is_graph(model):
         return NOT_MODELLED
-    if cfg.model.name == "transformer":
+    if not walked(cfg, model):
         return None
     return coverage.note(model, cfg.data.batch_size, _activation_bytes(cfg, cpu_xla))
+
+
+def walked(cfg, model) -> bool:
+    """Whether the rules' estimate of this job walks its graph (graph_walk.py): a functional
+    model's, not the shipped transformer's (its closed form: transformer_form.py)."""
+    return is_graph(model) and cfg.model.name != "transformer"
 
 
 def attention_block(cfg, spec) -> int | None:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import keras
 from omegaconf import DictConfig
 
-from models.common import is_graph
 from runner.config import takes_images, with_batch
 from runner.core import machine
 from runner.core.errors import PlanError
@@ -168,7 +167,7 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, ledger=None) -
         )
         hardware = _hardware(built, cfg, spec, effective, remat)
     fixed = {k: one[k] for k in ("params", "gradients", "optimizer", "masks", "data")}
-    unmodelled = coverage.unmodelled(built, 1, 4)[0] if is_graph(built) else {}
+    unmodelled = coverage.unmodelled(built, 1, 4)[0] if memory.walked(cfg, built) else {}
     if one["total"] is None or unmodelled:  # the probes measure what it keeps per example
         said = ", ".join(f"{k} x{n}" for k, n in sorted(unmodelled.items()))
         return Line(sum(fixed.values()), two["accumulation"], None, fixed, said), hardware
