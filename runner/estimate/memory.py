@@ -15,7 +15,6 @@ from runner.estimate import (
     executor_rules,
     graph_walk,
     resident,
-    timeline,
     transformer_form,
     xla_fitted,
     xla_plan,
@@ -133,22 +132,83 @@ def _gradients_alive(trainable, optimizer, cfg, spec, every: int) -> tuple[int, 
     return 0, head, all_of_them - embedding, 2 * all_of_them
 
 
-def _graph_activations(
-    model, b: int, p: int, remat: RematInfo, executor: timeline.Executor, on_gpu: bool = False
-) -> tuple[int, int, int]:
-    """(activations, workspace, gradients in flight) of a functional model at the peak of its
-    step, from the backward walk (runner/estimate/graph_walk.py): the tensors the backward pass
-    still keeps then, by runner/estimate/layer_rules.py's rules, with the input micro-batches the
-    pipeline holds; what the running operation's backward and the gradients waiting at skip
-    connections hold (with a convolution's buffers); and the weight gradients still being
-    applied (0 unless `executor` models them). XLA fuses further."""
-    kept, workspace, grads = graph_walk.walk_step(model, b, p, remat, executor)
-    return kept + resident.inputs_bytes(input_shapes(model), b, on_gpu), workspace, grads
-
-
 def input_shapes(model) -> list[tuple]:
     """An example's shape of each of a graph model's inputs."""
     return [tuple(t.shape[1:]) for t in model.inputs]
+
+
+# Each model of a step's own memory returns the same parts: the tensors kept for backward at
+# the peak (with the input micro-batches), what the running operation holds, and the weight
+# gradients alive then. The total is their sum beside the variables (estimate_memory).
+STEP_PARTS = ("gradients", "activations", "workspace")
+
+
+def _walked(model, optimizer, cfg, spec, p: int, cpu_xla: bool, remat, on_gpu: bool) -> dict:
+    """A functional model's step, from the backward walk (runner/estimate/graph_walk.py): the
+    tensors the backward pass still keeps at its peak, by the layer rules, with the input
+    micro-batches the pipeline holds; what the running operation's backward and the gradients
+    waiting at skip connections hold (with a convolution's buffers); and the weight gradients
+    alive then: those in flight where the executor applies them as they come (their updates'
+    buffers), else every gradient beside the slot products (timeline.Executor)."""
+    every = _gradient_bytes(model.trainable_variables, optimizer, cfg, False)
+    executor = executor_rules.executor(optimizer, cfg, cpu_xla, every)
+    b = cfg.data.batch_size
+    kept, workspace, in_flight = graph_walk.walk_step(model, b, p, remat, executor)
+    kept += resident.inputs_bytes(input_shapes(model), b, on_gpu)
+    waits = executor.slots or executor.waits_for
+    return {"gradients": in_flight if waits else every + in_flight, "activations": kept,
+            "workspace": workspace}  # fmt: skip
+
+
+def _transformer_formed(model, optimizer, cfg, spec, p: int) -> dict:
+    """The shipped transformer's step without XLA: its closed form (transformer_form.py)."""
+    every = _gradient_bytes(model.trainable_variables, optimizer, cfg, False)
+    alive = _gradients_alive(model.trainable_variables, optimizer, cfg, spec, every)
+    kept, workspace, gradients = transformer_form.activations(
+        cfg, spec, p, attention_block(cfg, spec), alive
+    )
+    return {"gradients": gradients, "activations": kept, "workspace": workspace}
+
+
+def _transformer_fitted(model, optimizer, cfg, spec, p: int) -> dict:
+    """The shipped transformer's step under XLA on a CPU where XLA's own plan is not read:
+    constants fitted to XLA's plans (xla_fitted.py)."""
+    gradients = _gradient_bytes(model.trainable_variables, optimizer, cfg, True)
+    kept, workspace = xla_fitted.transformer_activations(cfg, spec, p, attention_block(cfg, spec))
+    return {"gradients": gradients, "activations": kept, "workspace": workspace}
+
+
+def _update_call(model, optimizer, cfg, cpu_xla: bool, on_gpu: bool) -> dict:
+    """An accumulating step's update, in a call of its own (runner/techniques/accumulation.py
+    apply_sum), beside the input micro-batches the pipeline holds and no activation."""
+    trainable, replicated = model.trainable_variables, executor_rules.replicated(cfg)
+    if cpu_xla and cfg.model.name == "transformer" and not replicated:  # a strategy's is not XLA's
+        sums = executor_rules.float32_bytes(trainable)
+        update = xla_fitted.update_call_bytes(sums, _scaled(optimizer))
+    else:
+        threads = executor_rules.inter_op_threads()
+        update = executor_rules.update_call_bytes(trainable, optimizer, threads, replicated)
+    inputs = resident.inputs_bytes(input_shapes(model), cfg.data.batch_size, on_gpu)
+    return {"gradients": update, "activations": inputs, "workspace": 0}
+
+
+def step_parts(model, optimizer, cfg, spec, cpu_xla: bool, remat, on_gpu: bool) -> dict | None:
+    """The step's own parts by the model that has it (STEP_PARTS), the larger of an
+    accumulating step's two calls; None for a subclassed model (not modelled)."""
+    if not_modelled(cfg, model):
+        return None
+    p = _activation_bytes(cfg, cpu_xla)
+    if cpu_xla and cfg.model.name == "transformer":
+        step = _transformer_fitted(model, optimizer, cfg, spec, p)
+    elif cfg.model.name == "transformer":
+        step = _transformer_formed(model, optimizer, cfg, spec, p)
+    else:
+        step = _walked(model, optimizer, cfg, spec, p, cpu_xla, remat or RematInfo(), on_gpu)
+    if cfg.accum > 1:  # the update's own call, if it holds more
+        update = _update_call(model, optimizer, cfg, cpu_xla, on_gpu)
+        if sum(update.values()) > sum(step.values()):
+            step = update
+    return step
 
 
 def estimate_memory(
@@ -161,96 +221,66 @@ def estimate_memory(
     on_gpu: bool = False,
     planned: xla_plan.Planned | None = None,
 ) -> dict[str, int]:
-    """Bytes of each part training keeps at its peak, and their sum under "total". For a
-    subclassed model (not a graph), activations and workspace are not modelled: they are left
-    out and "total" is None (`not_modelled` says why).
+    """Bytes of each part training keeps at its peak, and their sum under "total": the
+    variables and what the data keeps (held), the step's own parts (XLA's plan of it, else
+    step_parts), the allocator's rounding of a step without XLA, and what a step choosing
+    pruning's masks holds beyond that. For a subclassed model without XLA the step's
+    activations are not modelled: "total" is None (`not_modelled` says why).
 
     model: the model before checkpointing wrapped it; remat: what checkpointing.apply did.
     cpu_xla: the run is compiled by XLA for a CPU (16-bit activations cost more there).
     on_gpu: the estimate is of a GPU's memory, where the input pipeline's buffers and what the
     data source keeps (spec.held_bytes) are not: they are host memory.
-    planned: where XLA compiles the step, what to compile for XLA's own plan (from_plan); None:
-    the rules (and, for the transformer under XLA, the constants fitted to XLA's plans).
+    planned: where XLA compiles the step, what to compile for XLA's own plan; None: the rules
+    (and, for the transformer under XLA, the constants fitted to XLA's plans).
     """
-    if planned is not None and not executor_rules.replicated(cfg):
-        try:
-            return xla_plan.from_plan(model, optimizer, cfg, spec, cpu_xla, on_gpu, planned)
-        except xla_plan.REFUSED:  # XLA cannot compile it: the rules' estimate, as without a plan
-            pass
-    trainable = model.trainable_variables
-    p = _activation_bytes(cfg, cpu_xla)
     if cfg.checkpointing.policy not in CHECKPOINTING:
         raise ValueError(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
-    transformer_xla = cpu_xla and cfg.model.name == "transformer"
-    threads = executor_rules.inter_op_threads()  # the updates, and the masks' choices, run at once
-    gradients = _gradient_bytes(trainable, optimizer, cfg, transformer_xla)
-    if not_modelled(cfg, model):  # a subclassed model's insides
-        activations, workspace = None, None
-    elif transformer_xla:  # fitted to XLA's own memory plan (runner/estimate/xla_fitted.py)
-        activations, workspace = xla_fitted.transformer_activations(
-            cfg, spec, p, attention_block(cfg, spec)
-        )
-    elif cfg.model.name == "transformer":
-        alive = _gradients_alive(trainable, optimizer, cfg, spec, gradients)
-        activations, workspace, gradients = transformer_form.activations(
-            cfg, spec, p, attention_block(cfg, spec), alive
-        )
-    else:
-        executor = executor_rules.executor(optimizer, cfg, cpu_xla, gradients)
-        activations, workspace, in_flight = _graph_activations(
-            model, cfg.data.batch_size, p, remat or RematInfo(), executor, on_gpu
-        )
-        if executor.slots or executor.waits_for:  # the gradients alive at the peak
-            gradients = in_flight
-        else:  # every gradient, and the slot products alone (timeline.Executor)
-            gradients += in_flight
-    if cfg.accum > 1 and activations is not None:  # the update's own call, if it holds more
-        replicated = executor_rules.replicated(cfg)
-        if transformer_xla and not replicated:  # a strategy's update is not XLA's
-            update = xla_fitted.update_call_bytes(
-                executor_rules.float32_bytes(trainable), _scaled(optimizer)
-            )
-        else:
-            update = executor_rules.update_call_bytes(trainable, optimizer, threads, replicated)
-        # all alive beside it
-        inputs = resident.inputs_bytes(input_shapes(model), cfg.data.batch_size, on_gpu)
-        if update + inputs > activations + workspace + gradients:
-            activations, workspace, gradients = inputs, 0, update
-    waste = 0  # the allocator's rounding of a step without XLA (XLA's buffers are its plan's)
-    if activations is not None and not cpu_xla:
-        waste = int(ALLOCATOR_WASTE * (activations + workspace + gradients))
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
     kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
-    # what a choice step holds beyond the backward's moment (executor_rules.choice_bytes)
-    choice = None
-    if activations is not None:
-        held = activations + workspace + gradients
-        choice = executor_rules.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - held
-    parts = {
+    parts = held(model, optimizer, cfg, spec, kernels, on_gpu)
+    step = None
+    if planned is not None and not executor_rules.replicated(cfg):
+        try:
+            step = xla_plan.step_parts(optimizer, cfg, spec, on_gpu, planned)
+        except xla_plan.REFUSED:  # XLA cannot compile it: the rules' estimate, as without a plan
+            pass
+    if step is None:
+        step = step_parts(model, optimizer, cfg, spec, cpu_xla, remat, on_gpu)
+    if step is None:  # no total: a sum without the activations would read as one
+        every = _gradient_bytes(model.trainable_variables, optimizer, cfg, False)
+        return {**parts, "gradients": every, "total": None}
+    own = sum(step.values())
+    # What a choice step holds beyond the backward's moment (executor_rules.choice_bytes).
+    threads = executor_rules.inter_op_threads()  # the masks' choices run at once
+    choice = executor_rules.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - own
+    # The allocator's rounding of a step without XLA (XLA's buffers are its plan's).
+    waste = 0 if cpu_xla or "xla_plan" in step else int(ALLOCATOR_WASTE * own)
+    if "xla_plan" not in step:
+        step["allocator"] = waste
+    parts |= {**step, "mask_choice": max(0, choice)}
+    return {**parts, "total": sum(parts.values())}
+
+
+def held(model, optimizer, cfg, spec, kernels: list, on_gpu: bool) -> dict:
+    """What a job holds for the whole run, beside its step: its variables and its data."""
+    return {
         "params": resident.nbytes(model.weights),
-        "gradients": gradients,
         # Slots from the built optimizer itself, so any optimizer (and the loss-scale wrapper,
         # whose variables include the inner optimizer's) is counted as it is.
         "optimizer": resident.nbytes(optimizer.variables),
         # The train step (runner/techniques/accumulation.py) sums micro-batch gradients: one
         # running float32 sum beside the current micro-batch's gradients.
-        "accumulation": executor_rules.float32_bytes(trainable) if cfg.accum > 1 else 0,
+        "accumulation": executor_rules.float32_bytes(model.trainable_variables)
+        if cfg.accum > 1
+        else 0,
         "masks": executor_rules.float32_bytes(kernels),
-        # A step that chooses new masks holds their choice once its update has run, when the
-        # activations and gradients are gone: what it holds beyond them, if more.
-        "mask_choice": None if choice is None else max(0, choice),
         # The input pipeline's tables, arrays and shuffle buffer (runner/data/examples.py),
         # kept for the whole run in the allocator a CPU trains with.
         "data": 0 if on_gpu else spec.held_bytes,
-        "activations": activations,
-        "workspace": workspace,
-        "allocator": waste,
     }
-    if activations is None:  # no total: a sum without the activations would read as one
-        return {**{k: v for k, v in parts.items() if v is not None}, "total": None}
-    return {**parts, "total": sum(parts.values())}
 
 
 def source(parts: dict, cfg, cpu_xla: bool) -> str:

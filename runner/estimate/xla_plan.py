@@ -32,8 +32,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 from tensorflow.compiler.xla.service import hlo_pb2
 
-from runner.estimate import executor_rules, resident
-from runner.techniques import pruning
+from runner.estimate import resident
 from runner.techniques.accumulation import make_train_step
 
 
@@ -169,27 +168,10 @@ def plans(optimizer, cfg, spec, planned: Planned) -> tuple[list[CallPlan], bool]
     return found, hit
 
 
-def from_plan(model, optimizer, cfg, spec, cpu_xla: bool, on_gpu: bool, planned: Planned) -> dict:
-    """The parts of a step XLA compiles, from XLA's own plan of it (runner/estimate/xla_plan.py):
-    the variables (weights, slots, sums, masks) as everywhere; the input micro-batches the
-    pipeline holds; and "xla_plan", what the step's larger call adds while it runs (its
-    activations, gradients and workspace, as XLA packs them; they are not told apart), with no
-    allocator's rounding (XLA's buffers are its plan's)."""
-    trainable = model.trainable_variables
+def step_parts(optimizer, cfg, spec, on_gpu: bool, planned: Planned) -> dict:
+    """The step's own parts from XLA's plan of it: the input micro-batches the pipeline holds,
+    and "xla_plan", what the step's larger call adds while it runs (its activations, gradients
+    and workspace, as XLA packs them; they are not told apart)."""
     calls, _ = plans(optimizer, cfg, spec, planned)
-    step = max(c.added for c in calls)
-    threads = executor_rules.inter_op_threads()
-    schedule = cfg.pruning.schedule
-    kernels = pruning.select_kernels(model, cfg.pruning) if schedule != "none" else []
-    choice = executor_rules.choice_bytes(kernels, schedule, threads, cpu_xla) - step
-    parts = {
-        "params": resident.nbytes(model.weights),
-        "optimizer": resident.nbytes(optimizer.variables),
-        "accumulation": executor_rules.float32_bytes(trainable) if cfg.accum > 1 else 0,
-        "masks": executor_rules.float32_bytes(kernels),
-        "mask_choice": max(0, choice),
-        "data": 0 if on_gpu else spec.held_bytes,
-        "inputs": resident.inputs_bytes([spec.input_shape], cfg.data.batch_size, on_gpu),
-        "xla_plan": step,
-    }
-    return {**parts, "total": sum(parts.values())}
+    inputs = resident.inputs_bytes([spec.input_shape], cfg.data.batch_size, on_gpu)
+    return {"inputs": inputs, "xla_plan": max(c.added for c in calls)}
