@@ -29,7 +29,7 @@ from the last to the first, as TensorFlow's executor runs a step:
   (MobileNetV2 under `blocks` in bfloat16, seen in the allocator's trace);
 - in a step XLA compiles on a CPU (Executor.cpu_xla) those copies are float32 ones instead,
   each convolution kernel's transpose and, under a 16-bit policy, its rounded cast
-  (_xla_kernel_bytes).
+  (kernel_copies.xla_kernel_bytes).
 With checkpointing, a segment keeps only the tensors crossing its edges; the tensors kept
 inside it exist only while its own backward runs (it is recomputed then).
 TensorFlow computes only the gradients a trainable weight needs: an operation no weight went
@@ -44,49 +44,15 @@ before, overstated models whose largest workspace comes early, when the backward
 most of what the later layers kept (DenseNet121 under checkpointing=blocks).
 """
 
-import math
+from dataclasses import dataclass, field
 
-from runner.estimate import conv_scratch, layer_rules, model_graph
+from runner.estimate import conv_scratch, kernel_copies, layer_rules, model_graph
 from runner.estimate.timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
 
 # Elementwise in inference (a frozen BatchNormalization is x * inv + offset): their kernels
 # write their output over an input no other operation reads (walk_step's forward).
 IN_PLACE = {"BatchNormalization", "ReLU", "Activation:relu", "Activation:relu6", "Add", "Rescaling"}
-
-
-def _kernel_elements(op) -> int:
-    """Elements of the kernels a layer reads in its compute dtype (a convolution's, a
-    depthwise convolution's, a Dense layer's), whose casts its input gradient reads."""
-    return sum(math.prod(k.shape) for k in layer_rules.kernels(op))
-
-
-def _convolves(op) -> bool:
-    return any(k is not None for k in layer_rules.conv_kernels(op))
-
-
-def _xla_kernel_bytes(op, grad_in: bool) -> int:
-    """Bytes of a convolution's kernels that a step XLA compiles on a CPU copies when it starts
-    and keeps until the layer's backward, in place of the executor's 16-bit casts: each kernel
-    as float32 under a 16-bit policy (XLA on a CPU convolves in float32: the cast is rounded
-    and converted back), and each dense (not depthwise) kernel's float32 transpose, which its
-    input gradient's convolution reads (none where that gradient is not computed: grad_in
-    false, a layer reading the model's input). A Dense kernel keeps its 16-bit cast (the
-    walk's). Read off XLA's scheduled
-    buffer assignments: EfficientNetV2B2's step (bfloat16, 55 px, batch 4) computes 96
-    kernel transposes and its float32 conversions before its first convolution, all read
-    in the backward pass and alive at its peak (29.9 MiB of transposes, 26.2 of
-    conversions, no bfloat16 kernel); keras MobileNet's (float32) held the transposes of its
-    1x1 kernels whose backward had not run (9.0 MiB); a depthwise kernel [kh, kw, C, 1] is
-    read as [kh, kw, 1, C], the same bytes in float32 (a copy in 16 bits)."""
-    depthwise, full = layer_rules.conv_kernels(op)
-    # The estimate's width under XLA on a CPU is float32's or more: the layer's own dtype says
-    # whether its kernel is cast to 16 bits.
-    converted = getattr(op, "compute_dtype", "float32") in ("bfloat16", "float16")
-    elements = math.prod(depthwise.shape) if depthwise is not None and converted else 0
-    if full is not None:
-        elements += math.prod(full.shape) * (int(converted) + int(grad_in))
-    return elements * 4
 
 
 def walk(model, b: int, p: int, remat: RematInfo) -> tuple[int, int]:
@@ -111,6 +77,200 @@ def backward_runs(ops, producer: dict, input_gradient: bool = False) -> tuple[se
     return needs, [any(t in needs for t in outs) for _, _, _, outs in ops]
 
 
+@dataclass
+class _Graph:
+    """A model's operations as the walk reads them (model_graph.operations), at micro-batch b
+    and p bytes a 16-bit-policy element, with what it knows of each: which op made each tensor,
+    which backward runs (backward_runs), each op's checkpointing segment."""
+
+    ops: list
+    consumers: dict
+    elements: dict
+    b: int
+    p: int
+    executor: Executor
+    producer: dict = field(default_factory=dict)
+    needs: set = field(default_factory=set)
+    runs: list = field(default_factory=list)
+    segment: dict = field(default_factory=dict)  # op name -> its segment
+    ends: dict = field(default_factory=dict)  # segment -> its last op's index
+
+    @property
+    def n(self) -> int:
+        return len(self.ops)
+
+    def width(self, op) -> int:
+        """Bytes an element an op computes in."""
+        return 4 if getattr(op, "compute_dtype", None) == "float32" else self.p
+
+    def last_alive(self, i: int, op) -> int:
+        """A segment's tensors exist during its own backward only."""
+        return self.ends[self.segment[op.name]] if op.name in self.segment else self.n - 1
+
+    def weight_gradient_ends(self, c: int) -> int:
+        """Where reader c's backward is done with its input: a layer with weights computes its
+        weight gradient beside the backward of the operation that produced its input (it and
+        the input gradient both wait only for c's output gradient: inter-op parallelism). A
+        filter gradient through an im2col buffer (conv_scratch) runs long, past the short
+        backward of an elementwise activation of a kernel's output (a convolution's own ReLU),
+        beside the kernel layer's backward: two filter gradients' buffers at once."""
+        op_c, ins_c = self.ops[c][1], self.ops[c][2]
+        if not getattr(op_c, "trainable_weights", None) or not ins_c:
+            return c
+        if ins_c[0] not in self.producer:
+            return c
+        made_by = self.producer[ins_c[0]]
+        before = self.ops[made_by][2][0] if self.ops[made_by][2] else None
+        slow = self.executor.conv_threads and conv_scratch.im2col(op_c)
+        in_place = layer_rules.kind(self.ops[made_by][1]) in layer_rules.GRADIENT_IN_PLACE
+        if slow and in_place and before in self.producer:
+            if kernel_copies.kernel_elements(self.ops[self.producer[before]][1]):
+                return self.producer[before]
+        return made_by
+
+
+@dataclass
+class _Tally:
+    """What the walk holds at each op: kept for the backward and its workspace, at each op's
+    backward (kept, work) and during the forward (fkept, fwork); `crossing`: the tensors kept
+    through the forward pass."""
+
+    kept: Timeline
+    work: Timeline
+    fkept: Timeline
+    fwork: Timeline
+    crossing: set = field(default_factory=set)
+
+
+def _read(model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient) -> _Graph:
+    ops, consumers, elements = model_graph.operations(model)
+    g = _Graph(ops, consumers, elements, b, p, executor)
+    g.segment = {name: s for s, names in enumerate(remat.segment_ops) for name in names}
+    for i, op, _, _ in ops:
+        if op.name in g.segment:
+            g.ends[g.segment[op.name]] = i
+    g.producer = {t: i for i, _, _, outs in ops for t in outs}
+    g.needs, g.runs = backward_runs(ops, g.producer, input_gradient)
+    return g
+
+
+def _keep_output(g: _Graph, tally: _Tally, i: int, op, outs: list, size: int, keepers) -> None:
+    """Its output, kept until the earliest backward that reads it: its own (a ReLU's), a
+    reader's whose gradient reads its input, or a later segment's (it recomputes from it)."""
+    kind = layer_rules.kind(op)
+    # (reader, where its backward is done with the tensor, bytes an element)
+    readers = [(i, i, g.width(op))] if kind in layer_rules.KEEPS_OUTPUT and g.runs[i] else []
+    for c in sorted({c for t in outs for c in g.consumers.get(t, [])}):
+        reader = g.ops[c][1]
+        if not g.runs[c]:  # no backward reads it (a frozen layer's)
+            continue
+        other_segment = reader.name in g.segment and g.segment[reader.name] != g.segment.get(
+            op.name
+        )
+        if layer_rules.kind(reader) in keepers:
+            readers.append((c, g.weight_gradient_ends(c), g.width(reader)))
+        elif other_segment:
+            readers.append((c, c, g.width(reader)))
+    if not readers:
+        return
+    release = min(done for _, done, _ in readers)
+    inside = op.name in g.segment and all(
+        g.segment.get(g.ops[c][1].name) == g.segment[op.name] for c, _, _ in readers
+    )
+    last = g.last_alive(i, op) if inside else g.n - 1
+    nbytes = size * max(w for _, _, w in readers)
+    tally.kept.add(release, last, nbytes)
+    if last == g.n - 1:  # kept through the forward pass too
+        tally.fkept.add(i + 1, g.n - 1, nbytes)
+        tally.crossing.update(outs)
+
+
+def _keep_own(g: _Graph, tally: _Tally, i: int, op, ins: list, size: int, inputs: list) -> None:
+    """What it keeps of its own, freed by its own backward; and its kernel's copies: the
+    executor casts every kernel to 16 bits when the step starts, a rebuilt segment's twice
+    (its forward's copy, and its recomputation's, which waits); XLA makes each copy of a
+    kernel once, for the forward and the recomputation alike."""
+    kind, width, half = layer_rules.kind(op), g.width(op), g.p < 4
+    grad_in = any(t in g.needs for t in ins)  # its input gradient is computed
+    scaled = getattr(op, "scale", False)
+    own = layer_rules.own_kept_bytes(kind, size, sum(inputs), width, half, scaled, op, grad_in)
+    own *= g.runs[i]
+    tally.kept.add(i, g.last_alive(i, op), own)
+    if op.name not in g.segment:
+        tally.fkept.add(i + 1, g.n - 1, own)
+    cast = kernel_copies.kernel_elements(op) * g.p if width < 4 else 0
+    xla = g.executor.cpu_xla
+    copy = (
+        kernel_copies.xla_kernel_bytes(op, grad_in) if xla and kernel_copies.convolves(op) else cast
+    )
+    tally.kept.add(i, g.n - 1, copy * g.runs[i])
+    tally.work.add(i, i, cast)  # its 16-bit weight gradient, beside its float32 cast
+    tally.fkept.add(0, g.n - 1, copy)
+    if op.name in g.segment and not xla:
+        tally.fkept.add(0, i, copy)
+
+
+def _forward(g: _Graph, tally: _Tally, i: int, op, ins: list, size: int, inputs: list) -> None:
+    """Its forward: its inputs (those not kept) and output, a norm's float32 temporaries. A
+    layer whose backward never runs (frozen) computes as in inference: a norm takes no
+    moments, and an elementwise layer writes its output over an input that dies in it
+    (TensorFlow's elementwise kernels forward a buffer whose only reader they are)."""
+    kind, width, frozen = layer_rules.kind(op), g.width(op), not g.runs[i]
+    norm = kind in layer_rules.NORMS and not frozen
+    temporaries = (2 if g.p < 4 else 1) * inputs[0] * 4 if norm else 0
+    loose = sum(g.elements[t] * g.b for t in ins if t not in tally.crossing) * width
+    sole = ins[0] not in tally.crossing and len(g.consumers.get(ins[0], [])) == 1
+    if frozen and kind in IN_PLACE and sole:
+        loose -= min(inputs[0], size) * width
+    tally.fwork.add(i, i, size * width + loose + temporaries)
+
+
+def _backward(g: _Graph, tally: _Tally, i: int, op, ins: list, outs: list, size, inputs) -> None:
+    """Its backward's workspace (with a convolution's im2col buffers), and its output's
+    gradient waiting: for its weight gradient's end, and for earlier readers of a tensor
+    read on both sides of it (a skip connection)."""
+    kind, width = layer_rules.kind(op), g.width(op)
+    grad_done = g.weight_gradient_ends(i)
+    xla = g.executor.cpu_xla
+    tally.work.add(i, i, layer_rules.workspace_bytes(op, kind, size, inputs, width, xla))
+    if g.executor.conv_threads:
+        threads = g.executor.conv_threads
+        grad_in = any(t in g.needs for t in ins)
+        tally.work.add(i, i, conv_scratch.scratch_bytes(op, g.b, width, grad_in, threads))
+        if grad_done < g.producer.get(ins[0], i):  # its filter gradient outlasts a ReLU
+            filter_scratch = conv_scratch.scratch_bytes(op, g.b, width, False, threads)
+            tally.work.add(grad_done, i - 1, filter_scratch)
+    tally.work.add(grad_done, i - 1, size * width)  # its output gradient
+    for t in outs:
+        readers_of_t = g.consumers.get(t, [])
+        if len(readers_of_t) > 1:
+            tally.work.add(i + 1, max(readers_of_t) - 1, g.elements[t] * g.b * width)
+
+
+def _peak(g: _Graph, tally: _Tally) -> tuple[int, int, int]:
+    """(kept, workspace, gradients) at the step's peak: the backward's moment that holds the
+    most with the gradients in flight, or the forward's where it holds more (no gradient
+    exists there yet), or the end of a step that waits for every gradient."""
+    held, transient = tally.kept.values(), tally.work.values()
+    products, forward_products = slot_products(g.ops, g.n, g.executor)
+    flight = in_flight(g.ops, g.n, g.executor).values()
+    product_values = products.values()
+    grads = [a + c for a, c in zip(flight, product_values, strict=True)]
+    peak = max(range(g.n), key=lambda i: held[i] + transient[i] + grads[i])
+    fheld, ftransient = tally.fkept.values(), tally.fwork.values()
+    fpeak = max(range(g.n), key=lambda i: fheld[i] + ftransient[i])
+    backward_peak = held[peak] + transient[peak] + grads[peak]
+    # Once a waiting step's backward has ended: its gradients and their copies (waits_for)
+    # beside what the update reads only (the slot products alive then), no activation.
+    end = g.executor.waits_for + (product_values[0] if g.n else 0)
+    forward_peak = fheld[fpeak] + ftransient[fpeak] + forward_products
+    if end > max(backward_peak, forward_peak):
+        return 0, 0, end
+    if forward_peak > backward_peak:
+        return fheld[fpeak], ftransient[fpeak], forward_products
+    return held[peak], transient[peak], grads[peak]
+
+
 def walk_step(
     model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient: bool = False
 ) -> tuple[int, int, int]:
@@ -118,143 +278,15 @@ def walk_step(
     kept, workspace, gradients and their updates' temporaries) at the peak, the backward's or,
     where it holds more, the forward's (no gradient exists there yet). A training step
     differentiates its weights only; input_gradient: the model's inputs too."""
-    ops, consumers, elements = model_graph.operations(model)
-    n = len(ops)
-    half = p < 4
-    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS if half else layer_rules.KEEPS_INPUT
-    segment = {name: s for s, names in enumerate(remat.segment_ops) for name in names}
-    ends = {}  # segment -> its last op's index
-    for i, op, _, _ in ops:
-        if op.name in segment:
-            ends[segment[op.name]] = i
-
-    def width(op) -> int:  # bytes per element an op computes in
-        return 4 if getattr(op, "compute_dtype", None) == "float32" else p
-
-    def last_alive(i: int, op) -> int:  # a segment's tensors exist during its backward only
-        return ends[segment[op.name]] if op.name in segment else n - 1
-
-    producer = {t: i for i, _, _, outs in ops for t in outs}
-    needs, runs = backward_runs(ops, producer, input_gradient)
-
-    def weight_gradient_ends(c: int) -> int:
-        """Where reader c's backward is done with its input: a layer with weights computes its
-        weight gradient beside the backward of the operation that produced its input (it and
-        the input gradient both wait only for c's output gradient: inter-op parallelism)."""
-        op_c, ins_c = ops[c][1], ops[c][2]
-        if not getattr(op_c, "trainable_weights", None) or not ins_c or ins_c[0] not in producer:
-            return c
-        p = producer[ins_c[0]]
-        # A filter gradient through an im2col buffer (conv_scratch) runs long, past the short
-        # backward of an elementwise activation of a kernel's output (a convolution's own ReLU),
-        # beside the kernel layer's backward: two filter gradients' buffers at once.
-        before = ops[p][2][0] if ops[p][2] else None
-        slow = executor.conv_threads and conv_scratch.im2col(op_c)
-        if (
-            slow
-            and layer_rules.kind(ops[p][1]) in layer_rules.GRADIENT_IN_PLACE
-            and before in producer
-        ):
-            if _kernel_elements(ops[producer[before]][1]):
-                return producer[before]
-        return p
-
-    kept, work = Timeline(n), Timeline(n)
-    # The forward pass, op by op: what it keeps for the backward so far, and what op q runs on.
-    fkept, fwork, crossing = Timeline(n), Timeline(n), set()
-    for i, op, ins, outs in ops:
-        kind = layer_rules.kind(op)
-        size = sum(elements[t] for t in outs) * b
-        inputs = [elements[t] * b for t in ins]
-        # Its output, kept until the earliest backward that reads it.
-        # (reader, where its backward is done with the tensor, bytes an element)
-        readers = [(i, i, width(op))] if kind in layer_rules.KEEPS_OUTPUT and runs[i] else []
-        for c in sorted({c for t in outs for c in consumers.get(t, [])}):
-            reader = ops[c][1]
-            if not runs[c]:  # no backward reads it (a frozen layer's)
-                continue
-            # a segment keeps its inputs for its recomputation
-            other_segment = reader.name in segment and segment[reader.name] != segment.get(op.name)
-            if layer_rules.kind(reader) in keepers:
-                readers.append((c, weight_gradient_ends(c), width(reader)))
-            elif other_segment:
-                readers.append((c, c, width(reader)))
-        if readers:
-            release = min(done for _, done, _ in readers)
-            inside = op.name in segment and all(
-                segment.get(ops[c][1].name) == segment[op.name] for c, _, _ in readers
-            )
-            last = last_alive(i, op) if inside else n - 1
-            nbytes = size * max(w for _, _, w in readers)
-            kept.add(release, last, nbytes)
-            if last == n - 1:  # kept through the forward pass too
-                fkept.add(i + 1, n - 1, nbytes)
-                crossing.update(outs)
-        # What it keeps of its own, freed by its own backward.
-        scaled = getattr(op, "scale", False)
-        grad_in = any(t in needs for t in ins)  # its input gradient is computed
-        own = layer_rules.own_kept_bytes(
-            kind, size, sum(inputs), width(op), half, scaled, op, grad_in
-        )
-        own *= runs[i]
-        kept.add(i, last_alive(i, op), own)
-        if op.name not in segment:
-            fkept.add(i + 1, n - 1, own)
-        # Its kernel's 16-bit copy: the executor casts every kernel when the step starts, a
-        # rebuilt segment's twice (its forward's copy, and its recomputation's, which waits);
-        # XLA makes each copy of a kernel once, for the forward and the recomputation alike.
-        cast = _kernel_elements(op) * p if width(op) < 4 else 0
-        copy = _xla_kernel_bytes(op, grad_in) if executor.cpu_xla and _convolves(op) else cast
-        kept.add(i, n - 1, copy * runs[i])
-        work.add(i, i, cast)  # its 16-bit weight gradient, beside its float32 cast
-        fkept.add(0, n - 1, copy)
-        if op.name in segment and not executor.cpu_xla:
-            fkept.add(0, i, copy)
-        # Its forward: its inputs (those not kept) and output, a norm's float32 temporaries. A
-        # layer whose backward never runs (frozen) computes as in inference: a norm takes no
-        # moments, and an elementwise layer writes its output over an input that dies in it
-        # (TensorFlow's elementwise kernels forward a buffer whose only reader they are).
-        frozen = not runs[i]
-        norm = kind in layer_rules.NORMS and not frozen
-        temporaries = (2 if half else 1) * inputs[0] * 4 if norm else 0
-        loose = sum(elements[t] * b for t in ins if t not in crossing) * width(op)
-        sole = ins[0] not in crossing and len(consumers.get(ins[0], [])) == 1
-        if frozen and kind in IN_PLACE and sole:
-            loose -= min(inputs[0], size) * width(op)
-        fwork.add(i, i, size * width(op) + loose + temporaries)
-        if frozen:
-            continue  # no backward runs for it
-        # Its backward's workspace, and its output's gradient waiting for earlier readers.
-        grad_done = weight_gradient_ends(i)
-        work.add(
-            i, i, layer_rules.workspace_bytes(op, kind, size, inputs, width(op), executor.cpu_xla)
-        )
-        if executor.conv_threads:
-            threads = executor.conv_threads
-            scratch = conv_scratch.scratch_bytes(op, b, width(op), grad_in, threads)
-            work.add(i, i, scratch)
-            if grad_done < producer.get(ins[0], i):  # its filter gradient outlasts a ReLU
-                filter_scratch = conv_scratch.scratch_bytes(op, b, width(op), False, threads)
-                work.add(grad_done, i - 1, filter_scratch)
-        work.add(grad_done, i - 1, size * width(op))  # its output gradient
-        for t in outs:
-            readers_of_t = consumers.get(t, [])
-            if len(readers_of_t) > 1:
-                work.add(i + 1, max(readers_of_t) - 1, elements[t] * b * width(op))
-    held, transient = kept.values(), work.values()
-    products, forward_products = slot_products(ops, n, executor)
-    flight = in_flight(ops, n, executor).values()
-    product_values = products.values()
-    grads = [a + c for a, c in zip(flight, product_values, strict=True)]
-    peak = max(range(n), key=lambda i: held[i] + transient[i] + grads[i])
-    fheld, ftransient = fkept.values(), fwork.values()
-    fpeak = max(range(n), key=lambda i: fheld[i] + ftransient[i])
-    backward_peak = held[peak] + transient[peak] + grads[peak]
-    # Once a waiting step's backward has ended: its gradients and their copies (waits_for)
-    # beside what the update reads only (the slot products alive then), no activation.
-    end = executor.waits_for + (product_values[0] if n else 0)
-    if end > max(backward_peak, fheld[fpeak] + ftransient[fpeak] + forward_products):
-        return 0, 0, end
-    if fheld[fpeak] + ftransient[fpeak] + forward_products > backward_peak:
-        return fheld[fpeak], ftransient[fpeak], forward_products
-    return held[peak], transient[peak], grads[peak]
+    g = _read(model, b, p, remat, executor, input_gradient)
+    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS if p < 4 else layer_rules.KEEPS_INPUT
+    tally = _Tally(*(Timeline(g.n) for _ in range(4)))
+    for i, op, ins, outs in g.ops:  # the forward pass, op by op
+        size = sum(g.elements[t] for t in outs) * b
+        inputs = [g.elements[t] * b for t in ins]
+        _keep_output(g, tally, i, op, outs, size, keepers)
+        _keep_own(g, tally, i, op, ins, size, inputs)
+        _forward(g, tally, i, op, ins, size, inputs)
+        if g.runs[i]:  # a frozen layer runs no backward
+            _backward(g, tally, i, op, ins, outs, size, inputs)
+    return _peak(g, tally)
