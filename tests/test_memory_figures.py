@@ -32,12 +32,12 @@ def _xla_total_bytes(dump_dir) -> int:
 # blocks runs with dropout: the masks drawn in the forward stay alive until their layer is
 # rebuilt, and the rebuilt layer's own are counted once (counting every layer's attention mask
 # besides read 1.087x XLA's plan here; leaving out the two sbh masks, 0.966x). bfloat16 with
-# dropout: float32 and bfloat16 copies of the softmax and a bfloat16 draw (xla_fitted.CORE_BYTES;
+# dropout: float32 and bfloat16 copies of the softmax and a bfloat16 draw (calibration.CORE_BYTES;
 # counted as float32, as before, it read 0.78x XLA's plan at h=64, 3 layers, 128 tokens).
 # float16 with a chunked core (3 key blocks): its layer keeps float32's tensors, not float16
 # pairs (chunked.xla_float16_layer): 1.000x XLA's plan; 1.240x with 6 bytes an element.
 # bfloat16 with a chunked core of one key block under selective: not rebuilt, and two float32
-# tensors of the scores' size a layer (xla_memory.ONE_BLOCK_16BIT): 0.988x; 0.636x counted as
+# tensors of the scores' size a layer (calibration.ONE_BLOCK_16BIT): 0.988x; 0.636x counted as
 # rebuilt, 0.735x at float32's one tensor.
 @pytest.mark.parametrize(
     "policy, extra, margin",
@@ -83,7 +83,7 @@ def test_the_xla_estimate_is_xlas_own_memory_plan(policy, extra, margin, tmp_pat
 @pytest.mark.slow
 def test_at_micro_batch_one_the_estimate_counts_xlas_transposed_copies(tmp_path, store):
     """At micro-batch 1 XLA's CPU backend reads transposed float32 copies of the attention's
-    probabilities and scores' gradient in their backward dots (xla_fitted.TRANSPOSED_COPY),
+    probabilities and scores' gradient in their backward dots (calibration.TRANSPOSED_COPY),
     one beside its source at the attention's peak. Seed 672810's draw 14 (one layer, 16 heads
     of 155 tokens, bfloat16, dropout, `every`, accum 2) read 1.287x the estimate without it;
     this job (accum 1) 1.32x, and 1.10x with it: the rest is the holes XLA's heap leaves."""

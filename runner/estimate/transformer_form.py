@@ -7,6 +7,7 @@ attention core's backward."""
 import math
 
 from runner.estimate import chunked_core
+from runner.estimate.calibration import CORE_WORKSPACE
 from runner.techniques.checkpointing import segment_length
 
 
@@ -52,19 +53,12 @@ def core_workspace(s, b, h, a, p, dropout, block=None) -> int:
     """Bytes the attention core's backward holds beside what the step keeps. A chunked core
     (block): runner/estimate/chunked_core.py's rule, derived term by term. The standard core: the
     softmax's float32 temporaries and the gradients of the probabilities, **fitted** per
-    scores element to measured BFC peaks (this CPU, 4 runs of 18 jobs at s=256, b=8, h=32,
-    4 heads, 2 layers: 3 precisions x dropout 0/0.1 x none/blocks/selective): 3.2 bytes in
-    float32 (3.6 with dropout), 5 at 16 bits (3.4 with dropout), whatever the policy. On the
-    bytes requested (the allocator's traces of those 18 jobs after memory_limited.after, the
-    allocator's rounding apart) the jobs without dropout needed 3.03-3.24 in float32 and
-    5.24-5.34 at 16 bits. The core's backward runs in a fixed order (models/memory_limited.py):
-    left to the executor, the same job's peak moved by up to 25% from one run to the next."""
+    scores element (calibration.CORE_WORKSPACE). The core's backward runs in a fixed order
+    (models/memory_limited.py): left to the executor, the same job's peak moved by up to 25%
+    from one run to the next."""
     if block:
         return chunked_core.workspace(s, b, h, a, p, dropout, block)
-    if p == 4:
-        per_score = 3.6 if dropout > 0 else 3.2
-    else:
-        per_score = 3.4 if dropout > 0 else 5.0
+    per_score = CORE_WORKSPACE["float32" if p == 4 else "16-bit"][int(dropout > 0)]
     return int(per_score * a * s * s * b)
 
 
