@@ -10,7 +10,7 @@ import pytest
 from runner.bench import draws, estimate
 from tests.conftest import ESTIMATE_SEED
 
-DRAWS = 5  # the suite's budget: 6 took 191-194 s in the two CI runs of 2026-12-07
+DRAWS = 4  # the suite's budget: 6 took 191-194 s in the two CI runs of 2026-12-07, 5 117 s
 # A new seed each run (tests/conftest.py chooses it, and prints it in the run's header), so
 # that the suite draws from the whole space over its runs, not the same jobs (seed 29's were the
 # ones the rules were read off first). TFMEMLAB_ESTIMATE_SEED=S draws a run's jobs again (as
@@ -29,6 +29,18 @@ def test_draws_are_reproducible_and_within_the_budget():
         assert "trainer.max_steps=3" in overrides
 
 
+def test_a_peak_within_the_bound_part_of_its_estimate_is_what_the_estimate_says():
+    # 60 MiB measured of an estimate of 100 of which 50 are a bound (a recurrent layer's
+    # products run ahead): between 0.85 x 50 and 115, ok; without the bound, a miss.
+    band = (0.85, 1.15)
+    result = {"mem/measured_over_estimate": 0.6, "mem/estimate_bytes": 100}
+    assert draws.verdict(result, band) == (0.6, "MISSED")
+    bounded = {**result, "mem/estimate_bound_bytes": 50}
+    assert draws.verdict(bounded, band) == (0.6, "ok (in its bound)")
+    assert draws.verdict({**bounded, "mem/measured_over_estimate": 0.4}, band)[1] == "MISSED"
+    assert draws.verdict({**bounded, "mem/measured_over_estimate": 1.2}, band)[1] == "MISSED"
+
+
 # slow: a fresh process a draw; 6 draws took 163 s of CPU (11.7 min of wall time at a load of 7)
 # and 143 s in the whole suite: process start, tracing and XLA compilation are most of it; 5
 # draws took 89 s in CI (6 took 191-194 s on 2026-12-07, a CI run at 25.9 min in all, over its
@@ -37,10 +49,9 @@ def test_draws_are_reproducible_and_within_the_budget():
 def test_the_estimate_holds_on_jobs_drawn_at_random(capsys):
     jobs = draws.draws(DRAWS, SEED, draws.SMALL)
     rows = estimate.drawn(jobs, SEED, ["trainer.progress=false"], draws.SMALL)
-    low, high = estimate.BAND
-    outside = {
-        row["draw"]: row for row in rows if not low <= (row["measured/estimate"] or 0) <= high
-    }
+    # ok: in the band, or, where part of the estimate is a bound (a recurrent layer's
+    # products run ahead), between the estimate without it and the whole (draws.verdict)
+    outside = {row["draw"]: row for row in rows if not row["verdict"].startswith("ok")}
     if outside:
         # As the calibration matrix's test: the executor's order of independent ops moves a
         # peak between runs, so a draw outside the band is measured once more, in a fresh
@@ -49,7 +60,7 @@ def test_the_estimate_holds_on_jobs_drawn_at_random(capsys):
         outside = {
             i: (row, second)
             for (i, row), second in zip(outside.items(), again, strict=True)
-            if not low <= (second["measured/estimate"] or 0) <= high
+            if not second["verdict"].startswith("ok")
         }
     printed = capsys.readouterr().out
     print(printed)  # the seed and the table, in the test's output

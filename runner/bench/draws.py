@@ -179,7 +179,13 @@ def verdict(result: dict | None, band: tuple[float, float]) -> tuple[float | Non
     ratio = result.get("mem/measured_over_estimate")
     if ratio is None:
         return None, "not modelled"
-    return ratio, "ok" if band[0] <= ratio <= band[1] else "MISSED"
+    if band[0] <= ratio <= band[1]:
+        return ratio, "ok"
+    # Part of the estimate a bound (recurrent layers' products run ahead): a peak between the
+    # estimate without it and the whole, each with the band's margin, is what it says.
+    bound, estimate = result.get("mem/estimate_bound_bytes", 0), result["mem/estimate_bytes"]
+    least = band[0] * (estimate - bound) / estimate
+    return ratio, "ok (in its bound)" if bound and least <= ratio <= band[1] else "MISSED"
 
 
 def distribution(ratios: list[float], band: tuple[float, float]) -> str:

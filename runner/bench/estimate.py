@@ -129,5 +129,8 @@ def drawn(
         print(" | ".join(str(v) for v in rows[-1].values()), flush=True)
     print(table(rows, list(rows[0])))
     ratios = [r["measured/estimate"] for r in rows if r["measured/estimate"] is not None]
+    bounded = sum(r["verdict"] == "ok (in its bound)" for r in rows)
     print(f"seed {seed}: " + draws.distribution(ratios, BAND))
+    if bounded:
+        print(f"seed {seed}: {bounded} more draw(s) outside the band within their estimate's bound")
     return rows

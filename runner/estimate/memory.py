@@ -49,6 +49,15 @@ def estimate_note(cfg, model, cpu_xla: bool) -> str | None:
     return coverage.note(model, cfg.data.batch_size, _activation_bytes(cfg, cpu_xla))
 
 
+def bound_bytes(cfg, model, cpu_xla: bool) -> int:
+    """How much of the rules' estimate is a bound, not a prediction: the weight-gradient
+    products recurrent layers may run ahead of their sum (sequence_rules.recurrent_ahead_bytes),
+    which the executor's timing holds in some steps, not all. 0 for anything else."""
+    if not walked(cfg, model):
+        return 0
+    return coverage.unmodelled(model, cfg.data.batch_size, _activation_bytes(cfg, cpu_xla))[1]
+
+
 def walked(cfg, model) -> bool:
     """Whether the rules' estimate of this job walks its graph (graph_walk.py): a functional
     model's, not the shipped transformer's (its closed form: transformer_form.py)."""

@@ -75,6 +75,8 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
     if parts["total"] is not None:  # None: activations not modelled (estimate.not_modelled)
         figures["mem/estimate_bytes"] = parts["total"]
         figures["mem/measured_over_estimate"] = peak / parts["total"]
+        if "xla_plan" not in parts and (bound := memory.bound_bytes(cfg, facts.model, cpu_xla)):
+            figures["mem/estimate_bound_bytes"] = bound  # of the estimate, a bound (the note)
     figures.update({f"mem/estimate/{k}_bytes": v for k, v in parts.items() if k != "total"})
     return figures, reserved_source
 
