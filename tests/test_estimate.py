@@ -10,7 +10,15 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from models.spec import DataSpec  # noqa: E402
-from runner.estimate import calibration, chunked_core, memory, timeline, transformer_form  # noqa: E402
+from runner.estimate import (  # noqa: E402
+    calibration,
+    chunked_core,
+    graph_walk,
+    memory,
+    resident,
+    timeline,
+    transformer_form,
+)
 from runner.measure import flops
 from runner.techniques import checkpointing, precision  # noqa: E402
 from runner.track.compare import PARTS  # noqa: E402  (every part the estimate has)
@@ -563,7 +571,8 @@ def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(
     # The layers' rules alone: the executor's (runner/estimate/conv_scratch.py's buffers, the
     # gradients in flight) depend on the CPU's kernels and are tested in test_conv_scratch.
     p = memory.ACTIVATION_BYTES[cfg.precision.policy]
-    kept, work, _ = memory._graph_activations(model, b, p, remat, timeline.Executor())
+    kept, work, _ = graph_walk.walk_step(model, b, p, remat, timeline.Executor())
+    kept += resident.inputs_bytes(memory.input_shapes(model), b)  # the pipeline's micro-batches
     assert (kept, work) == (activations * b + copies, workspace * b)
 
 

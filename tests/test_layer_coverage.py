@@ -15,6 +15,13 @@ from runner.techniques.checkpointing import RematInfo
 L = keras.layers
 
 
+@pytest.fixture(autouse=True)
+def fresh_session():
+    """Layer names from 1 again after each test (others read them)."""
+    yield
+    keras.backend.clear_session()
+
+
 def exported(module) -> set[str]:
     """The layer classes a module exports, by class name (aliases are one class)."""
     return {

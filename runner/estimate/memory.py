@@ -290,14 +290,3 @@ def held(model, optimizer, cfg, spec, kernels: list, on_gpu: bool) -> dict:
         # kept for the whole run in the allocator a CPU trains with.
         "data": 0 if on_gpu else spec.held_bytes,
     }
-
-
-def source(parts: dict, cfg, cpu_xla: bool) -> str:
-    """Where an estimate's step part came from, for the run's `mem/estimate_source` tag."""
-    if "xla_plan" in parts:
-        return "xla_plan: XLA's own buffer assignment of the compiled step"
-    if cpu_xla and cfg.model.name == "transformer":
-        return "fitted: constants fitted to XLA's plans of the transformer (xla_fitted.py)"
-    if cpu_xla:
-        return "rules: the layer rules, with XLA's kernel copies (CNNs under XLA are not fitted)"
-    return "rules: the layer and executor rules (runner/estimate/layer_rules.py, executor_rules.py)"

@@ -81,6 +81,17 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
     return figures, reserved_source
 
 
+def estimate_source(parts: dict, cfg, cpu_xla: bool) -> str:
+    """Where an estimate's step part came from, for the run's `mem/estimate_source` tag."""
+    if "xla_plan" in parts:
+        return "xla_plan: XLA's own buffer assignment of the compiled step"
+    if cpu_xla and cfg.model.name == "transformer":
+        return "fitted: constants fitted to XLA's plans of the transformer (xla_fitted.py)"
+    if cpu_xla:
+        return "rules: the layer rules, with XLA's kernel copies (CNNs under XLA are not fitted)"
+    return "rules: the layer and executor rules (runner/estimate/layer_rules.py, executor_rules.py)"
+
+
 def memory_parts(figures: dict) -> dict:
     """The estimate's parts among a run's figures, by part name."""
     return {
@@ -136,7 +147,7 @@ def collect(cfg: DictConfig, facts: RunFacts) -> tuple[dict[str, float], dict[st
     sources = {
         **({"mem/estimate_note": said} if said else {}),
         "mem/source": facts.mem.source,
-        "mem/estimate_source": memory.source(memory_parts(held), cfg, cpu_xla),
+        "mem/estimate_source": estimate_source(memory_parts(held), cfg, cpu_xla),
         "mem/reserved_source": reserved_source,
         "speed/peak_source": peak_source,
     }
