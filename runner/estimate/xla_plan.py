@@ -23,6 +23,7 @@ so the plans are cached on disk by what decides them (cached).
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -125,8 +126,17 @@ def cached(folder: Path | None, what: dict, compute) -> tuple[list[CallPlan], bo
         return [CallPlan(**c) for c in json.loads(path.read_text())], True
     plans = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([asdict(p) for p in plans]))
+    # written whole, then renamed: a process reading the cache beside it (the suite's workers
+    # share one) never finds half a file
+    part = path.with_suffix(f".{os.getpid()}.part")
+    part.write_text(json.dumps([asdict(p) for p in plans]))
+    os.replace(part, path)
     return plans, False
+
+
+def device(on_gpu: bool) -> str | None:
+    """The device XLA compiles a job's step for: the first GPU, or (None) the CPU."""
+    return "/device:GPU:0" if on_gpu else None
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,7 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, ledger=None) -
         optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg.precision)
         optimizer.build(model.trainable_variables)
         if jit:
-            device = "/device:GPU:0" if on_gpu else None
-            planned = xla_plan.Planned(model, device, cache_dir(), ledger)
+            planned = xla_plan.Planned(model, xla_plan.device(on_gpu), cache_dir(), ledger)
             line = _planned_line(built, optimizer, cfg, spec, effective, remat, planned)
             return line, _hardware(built, cfg, spec, effective, remat)
         one = memory.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat, on_gpu)

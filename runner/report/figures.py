@@ -57,8 +57,7 @@ def _memory(cfg, facts: RunFacts, cpu_xla: bool) -> tuple[dict, str]:
     gpu = memory.on_gpu(facts.device_name)
     planned = None  # where XLA compiled the step: XLA's own plan of it
     if facts.jit and facts.trained is not None:
-        device = "/device:GPU:0" if gpu else None
-        planned = xla_plan.Planned(facts.trained, device, cache_dir())
+        planned = xla_plan.Planned(facts.trained, xla_plan.device(gpu), cache_dir())
     parts = memory.estimate_memory(
         facts.model, facts.optimizer, cfg, facts.spec, cpu_xla, facts.remat, gpu, planned
     )
