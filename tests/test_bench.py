@@ -131,8 +131,12 @@ def test_plan_time_check_divides_each_rows_measured_time_by_the_references(capsy
     from runner.bench import plan as plan_bench
     from runner.bench import plan_time
     from runner.core.bootstrap import median
+    from runner.plan import timing
 
     _jobs_in_this_process(monkeypatch)
+    # The time factors' probes in one round, not three: each is a fresh process (~10 s of CPU),
+    # and what is checked here is the table made from them (test_plan times them).
+    monkeypatch.setattr(timing, "TIME_ROUNDS", 1)
     tiny = [*TINY["transformer"], "trainer.effective_batch_size=8"]
     monkeypatch.setattr(plan_time, "MODELS", {"transformer": tiny})
     plan = ["plan.policies=[none,blocks]", "plan.precisions=[fp32]"]
@@ -330,6 +334,24 @@ def test_repeats_must_be_a_whole_number_of_at_least_one(bad):
     with pytest.raises(SystemExit, match=rf"^error: --repeats {bad[1:] and bad[1] or None}: "):
         noise.take_repeats(["model.h=16", *bad])
     assert noise.take_repeats(["--repeats", "3", "model.h=16"]) == (3, ["model.h=16"])
+
+
+def test_a_bad_override_is_one_line_before_any_benchmark_job_starts(monkeypatch):
+    """Every job's overrides are checked before the first starts: a typo in the last job is one
+    line naming the key, not a crash of the pool after the first jobs ran."""
+    started = []
+    monkeypatch.setattr(runner.bench, "in_fresh_process", lambda *a: started.append(a))
+    jobs = {"good": ["model.h=16"], "typo": ["model.hh=3"]}
+    with pytest.raises(SystemExit, match=r"^error: model\.hh=3: unknown key") as exit_:
+        runner.bench.run_rounds(jobs, ["precision=fp32"], 2)
+    assert "\n" not in str(exit_.value) and not started
+
+
+def test_a_benchmarks_help_is_its_docstring_without_tensorflow(capsys):
+    from runner.bench import __main__ as bench_main
+
+    bench_main.main(["memory", "--help"])
+    assert capsys.readouterr().out.startswith("Transformer peak memory vs batch size")
 
 
 def test_the_deploy_benchs_targets_are_the_issues_each_on_what_it_names():

@@ -77,6 +77,17 @@ def test_the_xla_estimate_is_xlas_own_memory_plan(policy, extra, tmp_path, store
 # bfloat16 with a chunked core of one key block under selective: not rebuilt, and two float32
 # tensors of the scores' size a layer (calibration.ONE_BLOCK_16BIT): 0.988x; 0.636x counted as
 # rebuilt, 0.735x at float32's one tensor.
+# At micro-batch 1 XLA's CPU backend reads transposed float32 copies of the attention's
+# probabilities and of the scores' gradient in their backward dots, one beside its source at the
+# attention's peak (calibration.TRANSPOSED_COPY). Seed 672810's draw 14 (one layer, 16 heads of
+# 155 tokens, bfloat16, dropout, `every`, accum 2) read 1.287x the estimate without them; here
+# the fitted estimate reads 0.938x XLA's plan with them, 0.792x without.
+MICRO_BATCH_ONE = [
+    "model.h=64", "model.layers=1", "model.heads=16", "data.seq_len=155", "data.vocab_size=187",
+    "data.batch_size=1", "precision=bf16", "model.dropout=0.1",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "policy, extra, margin",
     [
@@ -86,6 +97,7 @@ def test_the_xla_estimate_is_xlas_own_memory_plan(policy, extra, tmp_path, store
         ("none", ["precision=bf16", "model.dropout=0.1"], 0.03),
         ("none", ["precision=mixed", "model.attention=chunked", "model.attention_block=32"], 0.03),
         ("selective", ["precision=bf16", "model.attention=chunked"], 0.03),
+        ("every", MICRO_BATCH_ONE, 0.07),
     ],
 )
 def test_the_fitted_xla_constants_are_xlas_plan_at_a_size_they_did_not_see(policy, extra, margin):
@@ -110,26 +122,6 @@ def test_the_fitted_xla_constants_are_xlas_plan_at_a_size_they_did_not_see(polic
         fitted = memory.estimate_memory(built, optimizer, cfg, spec, True, remat)
     planned = call.parameters + call.added  # XLA's "Total bytes used"
     assert fitted["total"] / planned == pytest.approx(1, abs=margin), (fitted, call)
-
-
-@pytest.mark.slow
-def test_at_micro_batch_one_the_estimate_counts_xlas_transposed_copies(tmp_path, store):
-    """At micro-batch 1 XLA's CPU backend reads transposed float32 copies of the attention's
-    probabilities and scores' gradient in their backward dots (calibration.TRANSPOSED_COPY),
-    one beside its source at the attention's peak. Seed 672810's draw 14 (one layer, 16 heads
-    of 155 tokens, bfloat16, dropout, `every`, accum 2) read 1.287x the estimate without it;
-    this job (accum 1) 1.32x, and 1.10x with it: the rest is the holes XLA's heap leaves."""
-    args = [
-        "model.h=64", "model.layers=1", "model.heads=16", "data.seq_len=155",
-        "data.vocab_size=187", "data.batch_size=1", "precision=bf16", "model.dropout=0.1",
-        "checkpointing=every", "data.train_samples=16", "trainer.max_steps=2",
-        "trainer.eval_batches=1", "trainer.progress=false", "trainer.checkpoint_every=0",
-        "trainer.save_model=false", f"mlflow.tracking_uri={store}", f"hydra.run.dir={tmp_path}/run",
-    ]  # fmt: skip
-    result = run_cli(args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    figures = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert 0.85 <= figures["mem/peak_bytes"] / figures["mem/estimate_bytes"] <= 1.15, figures
 
 
 # A child process runs a real tiny job after a transient 1.5 GiB allocation that it frees:

@@ -24,6 +24,7 @@ and prints each ratio with its interval, each verdict taken on its far end (nois
 
 import tempfile
 
+from runner.cli import check_command_line
 from runner.config import compose_config
 from runner.core.process import in_fresh_process
 from runner.core.text import table
@@ -62,6 +63,9 @@ def run_rounds(
             "mlflow.experiment=bench",
             "trainer.progress=false",
         ]
+        dirs = ["--config-dir", config_dir] if config_dir else []
+        for overrides in jobs.values():  # a bad override: one line, before any job starts
+            check_command_line([*dirs, *common, *overrides, *extra])
         for r in range(repeats):
             for name, overrides in jobs.items():
                 label = name if repeats == 1 else f"{name} (repeat {r})"

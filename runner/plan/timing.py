@@ -26,7 +26,7 @@ TIME_ROUNDS = 3
 
 
 def time_probes(
-    reference: DictConfig, effective: int, precisions, policies, rounds: int = TIME_ROUNDS
+    reference: DictConfig, effective: int, precisions, policies, rounds: int | None = None
 ) -> dict | None:
     """The job's step-time factors, measured: `reference` is the plan's fp32 with no
     checkpointing. It is timed at the target batch in one micro-batch (2m samples, m =
@@ -36,7 +36,9 @@ def time_probes(
     Returns {"step_s": the first's step, "micro_batch": m (0: not split), "extra_s": what the
     second micro-batch added, "precision": {name: step ratio to fp32}, "policy": {name: step
     ratio to none}}, a factor missing where its probe failed (out of memory, a policy the
-    model cannot take); None when the reference itself fails."""
+    model cannot take); None when the reference itself fails. rounds: TIME_ROUNDS unless
+    given."""
+    rounds = TIME_ROUNDS if rounds is None else rounds
     m = effective // 2
     whole = 2 * m if m else effective
     jobs = {("base",): (reference, whole, 1)}
