@@ -94,6 +94,7 @@ class _Graph:
     runs: list = field(default_factory=list)
     segment: dict = field(default_factory=dict)  # op name -> its segment
     ends: dict = field(default_factory=dict)  # segment -> its last op's index
+    scale_kept: bool = True  # layer_rules.forward_keeps_scaled_softmax
 
     @property
     def n(self) -> int:
@@ -145,6 +146,7 @@ class _Tally:
 def _read(model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient) -> _Graph:
     ops, consumers, elements = model_graph.operations(model)
     g = _Graph(ops, consumers, elements, b, p, executor)
+    g.scale_kept = layer_rules.forward_keeps_scaled_softmax(model.name)
     g.segment = {name: s for s, names in enumerate(remat.segment_ops) for name in names}
     for i, op, _, _ in ops:
         if op.name in g.segment:
@@ -193,7 +195,9 @@ def _keep_own(g: _Graph, tally: _Tally, i: int, op, ins: list, size: int, inputs
     kind, width, half = layer_rules.kind(op), g.width(op), g.p < 4
     grad_in = any(t in g.needs for t in ins)  # its input gradient is computed
     scaled = getattr(op, "scale", False)
-    own = layer_rules.own_kept_bytes(kind, size, sum(inputs), width, half, scaled, op, grad_in)
+    own = layer_rules.own_kept_bytes(
+        kind, size, sum(inputs), width, half, scaled, op, grad_in, g.scale_kept
+    )
     own *= g.runs[i]
     tally.kept.add(i, g.last_alive(i, op), own)
     if op.name not in g.segment:

@@ -159,6 +159,21 @@ def layer_flops(op) -> float:
     return element_flops(kind(op), len(inputs), in_elements, out_elements)
 
 
+BACKWARD_SCOPE = "gradient_tape"  # the name scope of a tf.GradientTape's backward ops
+
+
+def forward_keeps_scaled_softmax(model_name: str) -> bool:
+    """Whether a step keeps the scaled copy of a MultiHeadAttention's float32 softmax (its
+    dropout-free path): the forward and the backward each compute the product, and the step
+    keeps one. Which one follows the ops' names: the forward's sit in the model's name scope,
+    the backward's under BACKWARD_SCOPE, and the forward's is kept (one more score-sized
+    float32 tensor a layer) when the model's name sorts first. Measured (a pre-norm ViT block
+    of LayerNormalization, MultiHeadAttention and a GELU MLP, 64 tokens, 2 heads of 8, b 22,
+    two layers more): the same model named "functional" or "gradient_tapa" 2.95-2.97 MiB a
+    layer, named "vit", "zz" or "gradient_tapz" 2.19-2.30; the score tensor is 0.69 MiB."""
+    return model_name < BACKWARD_SCOPE
+
+
 def own_kept_bytes(
     kind_name: str,
     out: int,
@@ -168,6 +183,7 @@ def own_kept_bytes(
     scaled: bool,
     op=None,
     grad_in: bool = True,
+    scale_kept: bool = True,
 ) -> int:
     """Bytes a layer keeps of its own for its backward (freed by it), beyond the outputs its
     readers keep: out/into are its output's and input's elements, width the bytes of its
@@ -181,10 +197,11 @@ def own_kept_bytes(
     - a MultiHeadAttention's query, key, value and context (on its dropout path Keras's einsum
       transposes copies of them, of the same size), and its scores: without dropout
       ops.dot_product_attention computes the softmax in float32 and keeps it and its scaled
-      copy (Grappler moves the scale into the forward), and under a 16-bit policy the 16-bit
-      probabilities too; with dropout the Softmax output, the dropped probabilities and the
-      keep mask (1 byte). Measured, chains of self-attention (b 4, T 128-256, 4-8 heads):
-      1.000 of the rule with dropout, float32 and bfloat16; 1.00-1.09 without;
+      copy where the forward computes it (scale_kept: forward_keeps_scaled_softmax), and
+      under a 16-bit policy the 16-bit probabilities too; with dropout the Softmax output,
+      the dropped probabilities and the keep mask (1 byte). Measured, chains of
+      self-attention (b 4, T 128-256, 4-8 heads): 1.000 of the rule with dropout, float32
+      and bfloat16; 1.00-1.09 without;
     - LayerNormalization(rms_scaling=True): reduce_variance's x - mean, one float32 tensor;
     - a recurrent layer's steps (recurrent_kept_bytes; grad_in: its input gets a gradient)."""
     nbytes = (OWN_KEPT.get(kind_name, 0) * width + OWN_KEPT_BYTES.get(kind_name, 0)) * out
@@ -201,7 +218,7 @@ def own_kept_bytes(
         if getattr(op, "dropout", 0) > 0:  # Softmax layer, dropped scores, bool keep mask
             nbytes += scores * (2 * width + 1)
         else:  # ops.dot_product_attention: float32 softmax, softmax * scale, 16-bit cast
-            nbytes += scores * (8 + (width if width < 4 else 0))
+            nbytes += scores * (4 + 4 * scale_kept + (width if width < 4 else 0))
     if kind_name == "LayerNormalization" and getattr(op, "rms_scaling", False):
         nbytes += 4 * into  # reduce_variance's x - mean (SquaredDifference's gradient)
     if kind_name in NORMS and half:
