@@ -285,3 +285,52 @@ def test_a_layers_own_activation_is_walked_and_a_relus_gradient_takes_no_buffer(
     assert round((kept + work) / tensor) == maps, (kept, work)
     assert 0.9 <= measured / (kept + work) <= 1.15, (measured, kept + work)
     assert not 0.9 <= measured / (before * tensor) <= 1.15 or maps == before
+
+
+def _patches(policy: str) -> keras.Model:
+    """A strided Conv2D of 4x4 patches on 64x64x16 float32 images (2 MiB a batch of 8), to 4
+    channels, pooled, a float32 head: the images' cast is the largest tensor a step makes."""
+    x = keras.Input((64, 64, 16))
+    y = L.Conv2D(4, 4, strides=4, dtype=policy, name="patches")(x)
+    y = L.GlobalAveragePooling2D(dtype=policy, name="pool")(y)
+    return keras.Model(x, L.Dense(10, name="head")(y), name="patches_model")
+
+
+def _patches_peaks() -> dict[str, int]:
+    """Requested bytes at the peak of a training step (its weights' gradients only) of
+    _patches under each policy (tests/peaks.py requested_peak)."""
+    from tests.peaks import grow_pool, requested_peak
+
+    grow_pool()
+    x, peaks = tf.random.normal((8, 64, 64, 16)), {}
+    for policy in ("float32", "mixed_bfloat16"):
+        step = _weights_step(_patches(policy), x)
+        peaks[policy] = requested_peak(lambda step=step: step().numpy())
+    return peaks
+
+
+def _weights_step(model, x):
+    """A compiled forward and backward of `model` on x that differentiates its weights only,
+    as a training step does, each gradient consumed at once."""
+    weights = model.trainable_variables
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x, training=True))
+        return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(loss, weights)])
+
+    return step
+
+
+def test_a_16_bit_layer_keeps_its_cast_of_a_float32_model_input():
+    # Keras casts the images to bfloat16 as it calls the Conv2D, and the filter gradient reads
+    # that copy: bfloat16 holds 1 MiB more than float32 (measured: 1.064 and 0.078 MiB), where
+    # float32's input is the batch itself. Without the rule the walk kept nothing more.
+    measured = in_fresh_process(_patches_peaks)
+    kept = {
+        p: graph_walk.walk_step(_patches(policy), 8, p, RematInfo(), timeline.Executor())[0]
+        for policy, p in (("float32", 4), ("mixed_bfloat16", 2))
+    }
+    more = measured["mixed_bfloat16"] - measured["float32"]
+    assert 0.85 <= more / (kept[2] - kept[4]) <= 1.15, (measured, kept)
