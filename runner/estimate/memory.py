@@ -15,6 +15,7 @@ from runner.estimate import (
     executor_rules,
     graph_walk,
     resident,
+    small_tensors,
     transformer_form,
     xla_fitted,
     xla_plan,
@@ -265,8 +266,13 @@ def estimate_memory(
     # What a choice step holds beyond the backward's moment (executor_rules.choice_bytes).
     threads = executor_rules.inter_op_threads()  # the masks' choices run at once
     choice = executor_rules.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - own
-    # The allocator's rounding of a step without XLA (XLA's buffers are its plan's).
-    waste = 0 if cpu_xla or "xla_plan" in step else int(ALLOCATOR_WASTE * own)
+    # The allocator's rounding of a step without XLA (XLA's buffers are its plan's), and the
+    # small tensors the job keeps in chunks of 256 bytes (small_tensors.py).
+    waste = 0
+    if not cpu_xla and "xla_plan" not in step:
+        waste = int(ALLOCATOR_WASTE * own) + small_tensors.small_tensors_bytes(
+            model, optimizer, cfg.accum
+        )
     if "xla_plan" not in step:
         step["allocator"] = waste
     parts |= {**step, "mask_choice": max(0, choice)}
