@@ -545,7 +545,7 @@ def two_block_cnn():
     "name, activations, workspace, copies",
     [
         ("fp32", (256 + 256 + 512 + 4 * 192) * 4, 512 * 4 + 3 * 512 * 4, 0),
-        ("bf16", 6144, 7168, (3 * 4 + 4 * 8 + 8 * 4 + 4 * 8) * 2),
+        ("bf16", 6144 + 192 * 2, 7168, (3 * 4 + 4 * 8 + 8 * 4 + 4 * 8) * 2),
     ],
 )
 @pytest.mark.usefixtures("fresh_session")
@@ -559,7 +559,8 @@ def test_a_rebuilt_cnn_segment_peaks_in_its_batchnorms_backward(
     # those the pipeline holds, calibration.INPUT_MICRO_BATCHES); the ReLU's output was freed by
     # the ReLU's backward. Under bfloat16 the segments' inputs are 16-bit (2 x 256 x 2),
     # the BatchNorm keeps its float32 copy (512 x 4) instead of the expansion's output, and its
-    # output gradient is 16-bit: 512 x 2 + 3 x 512 x 4. Beside them, whatever the batch, the
+    # output gradient is 16-bit: 512 x 2 + 3 x 512 x 4; the stem keeps its bfloat16 cast of the
+    # float32 images (192 x 2: kernel_copies.input_cast_bytes). Beside them, whatever the batch, the
     # 16-bit copies of the kernels whose input gradients are still to come: the stem's, both of
     # block_1's and block_2's expansion (tests/test_kernel_copies.py).
     cfg = compose_config(

@@ -205,16 +205,13 @@ def _allocated() -> int:
     return tf.config.experimental.get_memory_info("CPU:0")["current"]
 
 
-def test_a_job_keeps_its_variables_handles_and_its_steps_constants_in_256_byte_chunks():
-    # Each variable: its handle and its buffer, each in a chunk of 256 bytes or a multiple.
+def _chunks_kept() -> tuple[int, int, list, list]:
+    """(bytes five variables took, what the rule holds for them, bytes the runner's step kept
+    after two calls at depth 1 and 3, the constants' bytes the rule counts there)."""
     start = _allocated()
     made = [tf.Variable(tf.zeros((n,))) for n in (1, 3, 64, 65, 200)]
+    took = _allocated() - start
     held = resident.nbytes(made) + small_tensors.variables_bytes(made)
-    assert _allocated() - start == held == 256 * (5 + 1 + 1 + 1 + 2 + 4)
-    # The runner's step (Adam, accum 4), traced and run, keeps the constants of its graph: two
-    # more blocks of Conv2D, GroupNormalization, gelu and pooling kept 88-94 chunks (the rule 99);
-    # without the rule's counts the estimate had none of them (seed 5050's draw 41, this
-    # model at 23 px, read 1.24-1.28, 205 constants alive at its peak).
     kept, counted = [], []
     for depth in (1, 3):
         keras.backend.clear_session()
@@ -229,4 +226,16 @@ def test_a_job_keeps_its_variables_handles_and_its_steps_constants_in_256_byte_c
             step(batches)[0].numpy()
         kept.append(_allocated() - start)
         counted.append(small_tensors.constants(model) * small_tensors.CHUNK)
+    return took, held, kept, counted
+
+
+def test_a_job_keeps_its_variables_handles_and_its_steps_constants_in_256_byte_chunks():
+    # Each variable: its handle and its buffer, each in a chunk of 256 bytes or a multiple.
+    # The runner's step (Adam, accum 4), traced and run, keeps the constants of its graph: two
+    # more blocks of Conv2D, GroupNormalization, gelu and pooling kept 88-94 chunks (the rule 99);
+    # without the rule's counts the estimate had none of them (seed 5050's draw 41, this
+    # model at 23 px, read 1.24-1.28, 205 constants alive at its peak). A fresh process: in a
+    # suite worker, what other tests left behind is freed while it counts.
+    took, held, kept, counted = in_fresh_process(_chunks_kept)
+    assert took == held == 256 * (5 + 1 + 1 + 1 + 2 + 4)
     assert kept[1] - kept[0] == pytest.approx(counted[1] - counted[0], rel=0.15), (kept, counted)

@@ -46,7 +46,7 @@ most of what the later layers kept (DenseNet121 under checkpointing=blocks).
 
 from dataclasses import dataclass, field
 
-from runner.estimate import conv_scratch, kernel_copies, layer_rules, model_graph
+from runner.estimate import conv_scratch, kernel_copies, layer_rules, model_graph, sequence_rules
 from runner.estimate.timeline import Executor, Timeline, in_flight, slot_products
 from runner.techniques.checkpointing import RematInfo
 
@@ -94,7 +94,7 @@ class _Graph:
     runs: list = field(default_factory=list)
     segment: dict = field(default_factory=dict)  # op name -> its segment
     ends: dict = field(default_factory=dict)  # segment -> its last op's index
-    scale_kept: bool = True  # layer_rules.forward_keeps_scaled_softmax
+    scale_kept: bool = True  # sequence_rules.forward_keeps_scaled_softmax
 
     @property
     def n(self) -> int:
@@ -146,7 +146,7 @@ class _Tally:
 def _read(model, b: int, p: int, remat: RematInfo, executor: Executor, input_gradient) -> _Graph:
     ops, consumers, elements = model_graph.operations(model)
     g = _Graph(ops, consumers, elements, b, p, executor)
-    g.scale_kept = layer_rules.forward_keeps_scaled_softmax(model.name)
+    g.scale_kept = sequence_rules.forward_keeps_scaled_softmax(model.name)
     g.segment = {name: s for s, names in enumerate(remat.segment_ops) for name in names}
     for i, op, _, _ in ops:
         if op.name in g.segment:
@@ -187,24 +187,6 @@ def _keep_output(g: _Graph, tally: _Tally, i: int, op, outs: list, size: int, ke
         tally.crossing.update(outs)
 
 
-def _input_cast(g: _Graph, i: int, op, ins: list, inputs: list) -> int:
-    """Bytes of a layer's 16-bit cast of a float32 model input, where its backward reads its
-    input (a kernel's gradient): Keras casts a layer's floating inputs to its compute dtype as
-    it calls it (keras/src/layers/layer.py Layer.__call__, maybe_convert), a new tensor made in
-    the step, which that backward keeps; float32's input is the batch itself. Seen in the
-    allocation trace of a ViT's step under bfloat16 (its patches' Conv2D on 28x28x3 images,
-    b 52: vit/Cast, 0.233 MiB, alive at the peak)."""
-    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS  # a 16-bit norm keeps float32's
-    if g.width(op) == 4 or not g.runs[i] or layer_rules.kind(op) not in keepers:
-        return 0
-    tensors = op._inbound_nodes[0].input_tensors if getattr(op, "_inbound_nodes", None) else []
-    return sum(
-        n * g.width(op)
-        for t, n, k in zip(ins, inputs, tensors, strict=False)
-        if t not in g.producer and str(k.dtype) == "float32"
-    )
-
-
 def _keep_own(g: _Graph, tally: _Tally, i: int, op, ins: list, size: int, inputs: list) -> None:
     """What it keeps of its own, freed by its own backward; and its kernel's copies: the
     executor casts every kernel to 16 bits when the step starts, a rebuilt segment's twice
@@ -217,7 +199,8 @@ def _keep_own(g: _Graph, tally: _Tally, i: int, op, ins: list, size: int, inputs
         kind, size, sum(inputs), width, half, scaled, op, grad_in, g.scale_kept
     )
     own *= g.runs[i]
-    own += _input_cast(g, i, op, ins, inputs)
+    made = [t not in g.producer for t in ins]  # the model's inputs
+    own += kernel_copies.input_cast_bytes(op, inputs, made, g.width(op)) * g.runs[i]
     tally.kept.add(i, g.last_alive(i, op), own)
     if op.name not in g.segment:
         tally.fkept.add(i + 1, g.n - 1, own)

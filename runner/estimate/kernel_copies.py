@@ -1,6 +1,6 @@
 """What a layer's kernels cost the backward walk (runner/estimate/graph_walk.py) beside its
 activations: the 16-bit casts a step makes of them, and in a step XLA compiles on a CPU the
-float32 copies and transposes it keeps instead."""
+float32 copies and transposes it keeps instead; and a layer's 16-bit cast of a model input."""
 
 import math
 
@@ -39,3 +39,22 @@ def xla_kernel_bytes(op, grad_in: bool) -> int:
     if full is not None:
         elements += math.prod(full.shape) * (int(converted) + int(grad_in))
     return elements * 4
+
+
+def input_cast_bytes(op, inputs: list[int], model_input: list[bool], width: int) -> int:
+    """Bytes of a layer's 16-bit cast of a float32 model input (inputs: its inputs' elements;
+    model_input: which are the model's), where its backward reads its input (a kernel's
+    gradient): Keras casts a layer's floating inputs to its compute dtype as it calls it
+    (keras/src/layers/layer.py Layer.__call__, maybe_convert), a new tensor made in the step,
+    which that backward keeps; float32's input is the batch itself. Seen in the allocation
+    trace of a ViT's step under bfloat16 (its patches' Conv2D on 28x28x3 images, b 52:
+    vit/Cast, 0.233 MiB, alive at the peak)."""
+    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS  # a 16-bit norm keeps float32's
+    if width == 4 or layer_rules.kind(op) not in keepers:
+        return 0
+    tensors = op._inbound_nodes[0].input_tensors if getattr(op, "_inbound_nodes", None) else []
+    return sum(
+        n * width
+        for n, made, k in zip(inputs, model_input, tensors, strict=False)
+        if made and str(k.dtype) == "float32"
+    )

@@ -159,21 +159,6 @@ def layer_flops(op) -> float:
     return element_flops(kind(op), len(inputs), in_elements, out_elements)
 
 
-BACKWARD_SCOPE = "gradient_tape"  # the name scope of a tf.GradientTape's backward ops
-
-
-def forward_keeps_scaled_softmax(model_name: str) -> bool:
-    """Whether a step keeps the scaled copy of a MultiHeadAttention's float32 softmax (its
-    dropout-free path): the forward and the backward each compute the product, and the step
-    keeps one. Which one follows the ops' names: the forward's sit in the model's name scope,
-    the backward's under BACKWARD_SCOPE, and the forward's is kept (one more score-sized
-    float32 tensor a layer) when the model's name sorts first. Measured (a pre-norm ViT block
-    of LayerNormalization, MultiHeadAttention and a GELU MLP, 64 tokens, 2 heads of 8, b 22,
-    two layers more): the same model named "functional" or "gradient_tapa" 2.95-2.97 MiB a
-    layer, named "vit", "zz" or "gradient_tapz" 2.19-2.30; the score tensor is 0.69 MiB."""
-    return model_name < BACKWARD_SCOPE
-
-
 def own_kept_bytes(
     kind_name: str,
     out: int,

@@ -20,6 +20,21 @@ def attention_sizes(op, out: int) -> tuple[int, int, int]:
     return q_side, kv_side, q_rows * heads * t_s
 
 
+BACKWARD_SCOPE = "gradient_tape"  # the name scope of a tf.GradientTape's backward ops
+
+
+def forward_keeps_scaled_softmax(model_name: str) -> bool:
+    """Whether a step keeps the scaled copy of a MultiHeadAttention's float32 softmax (its
+    dropout-free path): the forward and the backward each compute the product, and the step
+    keeps one. Which one follows the ops' names: the forward's sit in the model's name scope,
+    the backward's under BACKWARD_SCOPE, and the forward's is kept (one more score-sized
+    float32 tensor a layer) when the model's name sorts first. Measured (a pre-norm ViT block
+    of LayerNormalization, MultiHeadAttention and a GELU MLP, 64 tokens, 2 heads of 8, b 22,
+    two layers more): the same model named "functional" or "gradient_tapa" 2.95-2.97 MiB a
+    layer, named "vit", "zz" or "gradient_tapz" 2.19-2.30; the score tensor is 0.69 MiB."""
+    return model_name < BACKWARD_SCOPE
+
+
 # Recurrent layers. On a CPU, keras's LSTM and GRU fall back from cuDNN (which needs a GPU:
 # keras/src/backend/tensorflow/rnn.py lstm/gru raise NotImplementedError) to backend.rnn, a
 # tf.while_loop over the time steps (parallel_iterations=32). In a tf.function that is

@@ -49,17 +49,10 @@ import math
 import tensorflow as tf
 
 from runner.estimate import layer_rules, model_graph
+from runner.estimate.calibration import CONSTANTS, STEP_CONSTANTS
 
 CHUNK = 256  # BFC's least allocation, and the multiple it rounds every request to
 HANDLE = CHUNK  # a variable's resource handle: 200 bytes asked, one chunk
-# Constants a layer's forward and backward leave in the traced step: (on an input shape new to
-# its kind, on one seen).
-CONSTANTS = {
-    "GroupNormalization": (39, 29), "LayerNormalization": (27, 21),
-    "BatchNormalization": (22, 15), "Conv2D": (10, 5.5), "Dense": (8, 6),
-    "Activation:gelu": (3, 0), "MaxPooling2D": (0.5, 0.5),
-}  # fmt: skip
-STEP_CONSTANTS = 23  # the loss's, the accumulation's and the update's
 SCALARS = {"Activation:gelu"}  # constants shared whatever the input's shape
 
 
