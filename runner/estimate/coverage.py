@@ -78,8 +78,6 @@ def ruled(op) -> bool:
         return type(op.forward_layer).__name__ in RULED
     if name == "TimeDistributed":  # measured with a Dense inside
         return type(op.layer).__name__ == "Dense"
-    if name == "Dropout":  # rate 0 is an identity (layer_rules.kind)
-        return layer_rules.kind(op) == "Activation:linear"
     return name in RULED or name in PROJECT
 
 
