@@ -10,7 +10,7 @@ import pytest
 from runner.bench import draws, estimate
 from tests.conftest import ESTIMATE_SEED
 
-DRAWS = 3  # the suite's budget: 6 took 191-194 s in CI runs of 2026-12-07, 5 117 s, 4 up to 192
+DRAWS = 2  # the suite's budget: 3 took 116 s in CI (2026-12-07), 4 up to 192, 6 191-194
 # A new seed each run (tests/conftest.py chooses it, and prints it in the run's header), so
 # that the suite draws from the whole space over its runs, not the same jobs (seed 29's were the
 # ones the rules were read off first). TFMEMLAB_ESTIMATE_SEED=S draws a run's jobs again (as
