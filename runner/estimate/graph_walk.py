@@ -285,7 +285,7 @@ def walk_step(
     where it holds more, the forward's (no gradient exists there yet). A training step
     differentiates its weights only; input_gradient: the model's inputs too."""
     g = _read(model, b, p, remat, executor, input_gradient)
-    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS if p < 4 else layer_rules.KEEPS_INPUT
+    keepers = layer_rules.input_keepers(half=p < 4)
     tally = _Tally(*(Timeline(g.n) for _ in range(4)))
     for i, op, ins, outs in g.ops:  # the forward pass, op by op
         size = sum(g.elements[t] for t in outs) * b

@@ -49,8 +49,7 @@ def input_cast_bytes(op, inputs: list[int], model_input: list[bool], width: int)
     which that backward keeps; float32's input is the batch itself. Seen in the allocation
     trace of a ViT's step under bfloat16 (its patches' Conv2D on 28x28x3 images, b 52:
     vit/Cast, 0.233 MiB, alive at the peak)."""
-    keepers = layer_rules.KEEPS_INPUT - layer_rules.NORMS  # a 16-bit norm keeps float32's
-    if width == 4 or layer_rules.kind(op) not in keepers:
+    if width == 4 or layer_rules.kind(op) not in layer_rules.input_keepers(half=True):
         return 0
     tensors = op._inbound_nodes[0].input_tensors if getattr(op, "_inbound_nodes", None) else []
     return sum(

@@ -50,6 +50,14 @@ KEEPS_OUTPUT = {
 # x * rsqrt(sum(x^2)) in its compute dtype (keras/src/ops/nn.py normalize): Square's and the
 # product's gradients read x (4.0 and 2.0 bytes an element).
 NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization"}
+
+
+def input_keepers(half: bool) -> set:
+    """The kinds whose backward reads their input as it was made: under a 16-bit policy not the
+    norms, which keep a float32 copy of it instead (own_kept_bytes)."""
+    return KEEPS_INPUT - NORMS if half else KEEPS_INPUT
+
+
 # Tensors of its output's size (in its compute dtype) a layer keeps of its own for its
 # gradient, in place of its input. keras.activations.gelu (approximate=False, the default of
 # Activation("gelu"), ConvNeXt's) is tf.nn.gelu: 0.5x * erfc(-x/sqrt(2)) in four ops, whose

@@ -46,9 +46,7 @@ estimate is a lower bound there).
 
 import math
 
-import tensorflow as tf
-
-from runner.estimate import layer_rules, model_graph
+from runner.estimate import layer_rules, model_graph, resident
 from runner.estimate.calibration import CONSTANTS, STEP_CONSTANTS
 
 CHUNK = 256  # BFC's least allocation, and the multiple it rounds every request to
@@ -66,7 +64,7 @@ def variables_bytes(variables) -> int:
     buffer's rounding."""
     extra = 0
     for v in variables:
-        own = math.prod(v.shape) * tf.as_dtype(v.dtype).size
+        own = resident.nbytes([v])
         extra += HANDLE + rounded(own) - own
     return extra
 

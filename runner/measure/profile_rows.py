@@ -77,7 +77,7 @@ def kept_outputs(rows: list[Sublayer], half: bool = False) -> set[str]:
     compute in float32 on a copy of their input: they keep that copy (describe counts it),
     not their 16-bit input.
     """
-    readers_keep = layer_rules.KEEPS_INPUT - layer_rules.NORMS if half else layer_rules.KEEPS_INPUT
+    readers_keep = layer_rules.input_keepers(half)
     readers = {}
     for row in rows:
         for name in row.inputs:
