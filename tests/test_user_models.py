@@ -103,9 +103,9 @@ def test_under_xla_a_subclassed_cnn_is_estimated_by_xlas_own_plan(tmp_path, stor
     # by XLA, its step is XLA's to plan whatever its layers (runner/estimate/xla_plan.py): the
     # estimate is the plan's, beside the allocator's peak of the same run. CNNs under XLA were
     # "not fitted" before (seed 29's draws: 0.82-1.58 of the rules' estimate).
-    # A fresh process, as a user runs it: in a suite worker whose allocator earlier tests had
-    # left fragmented, the plan's one scratch buffer once took a free chunk it could not split,
-    # and the peak read 51.1 MiB against the plan's 31.5 (CI, 1.62).
+    # A fresh process, as a user runs it: in a CI suite worker, after other tests in the same
+    # process (whose allocator pool it shares: runner/core/process.py), the peak read 51.1 MiB
+    # against the plan's 31.5 (1.62); alone, 0.95-1.05.
     job = ["model=subclassed", "trainer.jit_compile=true", "data.image_size=48"]
     job += ["data.batch_size=32", *SYNTHETIC, f"mlflow.tracking_uri={store}"]
     done = run_cli(
