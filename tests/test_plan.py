@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.core.errors import ConfigError, DiskFull, Interrupted, PlanError
+from runner.core.machine import CACHE_ENV
 from runner.core.units import parse_bytes
 from runner.plan.__main__ import main
 from runner.plan.line import divisors
@@ -260,28 +261,52 @@ def test_a_budget_below_the_fixed_part_is_one_line_without_probing(tmp_path):
     assert "probing" not in result.stdout and "MLflow: run" not in result.stdout
 
 
-def test_under_xla_the_plan_is_xlas_own_plan_of_the_step_read_once(store, capsys):
-    """The tiny transformer, compiled by XLA (trainer.jit_compile, auto's on a CPU): the row's
+def test_under_xla_the_plan_is_xlas_own_plan_of_the_step_read_once(
+    store, capsys, tmp_path, monkeypatch
+):
+    """The tiny transformer, compiled by XLA (trainer.jit_compile, auto's on a CPU): each row's
     prediction is XLA's own plan of the step (runner/estimate/xla_plan.py), the figure the run
-    then logs as its estimate; the plans are cached, and the plan says how many it read."""
+    then logs as its estimate. Not in the cache, the rows are computed in 2 fresh processes at
+    once (runner/plan/row.py); a row whose target batch fits in one micro-batch reads that
+    plan alone. The plans are cached, and the plan says how many it read."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))  # none of the plans compiled yet
     overrides = [*TINY["transformer"], *TINY_DATA, f"mlflow.tracking_uri={store}"]
-    overrides.append("trainer.jit_compile=true")
-    one = ["plan.precisions=[fp32]", "plan.policies=[none]", "plan.budget=64MiB"]
-    stdout = _plan_here([*overrides, *one, "trainer.effective_batch_size=8"], capsys)
+    overrides += ["trainer.jit_compile=true", "trainer.effective_batch_size=8"]
+    two = ["plan.precisions=[fp32,bf16]", "plan.policies=[none]", "plan.budget=64MiB"]
+    stdout = _plan_here([*overrides, *two], capsys)
     assert "predicted peaks are XLA's own plans of the step" in stdout
-    assert "XLA's plans: 2 read" in stdout, stdout  # micro-batch 1 and 8
-    (row,) = _rows(stdout)
-    assert (row["micro_batch"], row["accum"]) == ("8", "1")
-    again = _plan_here([*overrides, *one, "trainer.effective_batch_size=8"], capsys)
-    assert "2 from the cache" in again, again
+    assert "XLA's plans: 2 read in " in stdout, stdout  # micro-batch 8 of each row
+    assert "by 2 processes at once, 0 from the cache" in stdout, stdout
+    rows = {r["precision"]: r for r in _rows(stdout)}
+    assert {(r["micro_batch"], r["accum"]) for r in rows.values()} == {("8", "1")}
+    # a budget the target batch does not fit in one micro-batch: micro-batch 1 is planned too
+    fp32 = ["plan.precisions=[fp32]", "plan.policies=[none]"]
+    tight = float(rows["fp32"]["predicted_MiB"]) / 0.9 - 0.01
+    narrow = _plan_here([*overrides, *fp32, f"plan.budget={tight:.2f}MiB"], capsys)
+    assert "XLA's plans: 2 read in " in narrow and "1 from the cache" in narrow, narrow
+    (row,) = _rows(narrow)
+    assert row["accum"] != "1", narrow
+    again = _plan_here([*overrides, *two], capsys)
+    assert "2 from the cache" in again and "processes" not in again, again
+    assert _rows(again) == _rows(stdout)
+    # The processes compiled at LLVM -O0 (row.FAST_CODEGEN): bf16's plan compiled here, at
+    # the default level, is the same buffer assignment
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "here"))
+    _plan_here([*overrides, "plan.precisions=[bf16]", *two[1:]], capsys)
+    (here,) = (tmp_path / "here").glob("xla-plan-*.json")
+    apart = json.loads((tmp_path / "cache" / here.name).read_text())
+    assert [{**c, "seconds": 0} for c in json.loads(here.read_text())] == [
+        {**c, "seconds": 0} for c in apart
+    ]
     from runner.train import run
 
-    run_cfg = [*overrides, "data.batch_size=8", "trainer.max_steps=1", *TINY_TRAINER[1:]]
-    figures = run(compose_config(run_cfg))
+    # The run's estimate is the row's figure: its own plan, in bfloat16 (not fp32's).
+    run_cfg = [*overrides, "precision=bf16", "data.batch_size=8", "trainer.max_steps=1"]
+    figures = run(compose_config([*run_cfg, *TINY_TRAINER[1:]]))
     assert figures["mem/estimate/xla_plan_bytes"] > 0
-    assert figures["mem/estimate_bytes"] / 2**20 == pytest.approx(
-        float(row["predicted_MiB"]), abs=0.01
-    )
+    predicted = {p: float(r["predicted_MiB"]) for p, r in rows.items()}
+    assert predicted["bf16"] != predicted["fp32"], predicted
+    assert figures["mem/estimate_bytes"] / 2**20 == pytest.approx(predicted["bf16"], abs=0.01)
 
 
 def test_a_model_with_a_layer_the_rules_lack_is_probed_not_predicted(capsys, monkeypatch):

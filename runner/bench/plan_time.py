@@ -21,8 +21,9 @@ from runner.bench import run_rounds, table
 from runner.bench.noise import Ratio, note, ratio
 from runner.config import compose_config
 from runner.core.bootstrap import median
-from runner.plan.table import Row, timings
+from runner.plan.row import Row
 from runner.plan.table import table as plan_table
+from runner.plan.table import timings
 
 TOLERANCE = 0.15  # predicted/measured time ratio within 15%
 STEP = "speed/step_time_s_p50"

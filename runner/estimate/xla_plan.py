@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import keras
@@ -139,6 +139,28 @@ def device(on_gpu: bool) -> str | None:
     return "/device:GPU:0" if on_gpu else None
 
 
+class NotCompiled(Exception):
+    """A plan not in the cache, asked for by a Ledger that leaves compiling to its caller."""
+
+
+@dataclass
+class Ledger:
+    """The plans a caller read (runner.plan's table): each read's (seconds, from the cache).
+    compile=False: a plan not in the cache raises NotCompiled instead of being compiled here
+    (the caller compiles it elsewhere: runner/plan/row.py). processes: how many processes
+    read them at once, and wall_s, how long that took (None: one process, one after another)."""
+
+    reads: list[tuple[float, bool]] = field(default_factory=list)
+    compile: bool = True
+    processes: int = 1
+    wall_s: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        """How long reading the plans took."""
+        return self.wall_s if self.wall_s is not None else sum(s for s, _ in self.reads)
+
+
 @dataclass(frozen=True)
 class Planned:
     """What XLA's plan of a job's step is read from: the model the step calls (checkpointing's
@@ -148,7 +170,7 @@ class Planned:
     trained: keras.Model
     device: str | None = None
     cache: Path | None = None
-    ledger: list | None = None  # (seconds, from the cache) of each plan read, if given
+    ledger: Ledger | None = None  # where each plan read is written down, if given
 
 
 # A step XLA cannot compile (an op without an XLA kernel) or a model it cannot trace here.
@@ -167,14 +189,17 @@ def plans(optimizer, cfg, spec, planned: Planned) -> tuple[list[CallPlan], bool]
     # calls, not layers) and what it is fed
     config = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in CONFIG_KEYS}
     what |= {"config": config, "spec": repr(spec)}
+    ledger = planned.ledger
+
+    def compute():
+        if ledger is not None and not ledger.compile:
+            raise NotCompiled
+        return plan_step(trained, optimizer, spec, accum, b, planned.device)
+
     start = time.perf_counter()
-    found, hit = cached(
-        planned.cache,
-        what,
-        lambda: plan_step(trained, optimizer, spec, accum, b, planned.device),
-    )
-    if planned.ledger is not None:
-        planned.ledger.append((time.perf_counter() - start, hit))
+    found, hit = cached(planned.cache, what, compute)
+    if ledger is not None:
+        ledger.reads.append((time.perf_counter() - start, hit))
     return found, hit
 
 

@@ -19,10 +19,11 @@ def main(argv: list[str]) -> list:
     args = get_args_parser().parse_args(argv)  # run.py's flags (--config-dir) apart
     cfg = compose_config(args.overrides, args.config_dir)
     import_tensorflow()
+    from runner.estimate.xla_plan import Ledger
     from runner.plan import probe, table
 
     try:
-        ledger = []  # each XLA plan read: (seconds, from the cache)
+        ledger = Ledger()  # each XLA plan read: (seconds, from the cache)
         rows, total, source, usable = table.table(cfg, ledger=ledger)
     except PlanError as err:
         raise SystemExit(f"error: {err}") from None
@@ -42,15 +43,16 @@ def main(argv: list[str]) -> list:
         f"plan.margin={cfg.plan.margin}; predicted peaks are "
         + (
             "XLA's own plans of the step (trainer.jit_compile)"
-            if ledger
+            if ledger.reads
             else "the analytic estimate"
         )
     )
-    if ledger:  # runner/estimate/xla_plan.py: compiled, or read from the cache
-        cached = sum(hit for _, hit in ledger)
+    if ledger.reads:  # runner/estimate/xla_plan.py: compiled, or read from the cache
+        cached = sum(hit for _, hit in ledger.reads)
+        at_once = f" by {ledger.processes} processes at once" if ledger.processes > 1 else ""
         print(
-            f"XLA's plans: {len(ledger)} read in {sum(s for s, _ in ledger):.1f} s, {cached} "
-            f"from the cache ({cache_dir()})"
+            f"XLA's plans: {len(ledger.reads)} read in {ledger.seconds:.1f} s{at_once}, "
+            f"{cached} from the cache ({cache_dir()})"
         )
     if cfg.plan.measure:
         for row in fitting:

@@ -140,25 +140,27 @@ def data_spec(cfg: DictConfig):
     return build_data(with_batch(cfg, 1, 1), takes_images(cfg)).spec
 
 
-def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, ledger=None) -> tuple:
+def estimate_line(
+    cfg: DictConfig, spec, on_gpu: bool, name: str, ledger=None, usable: float | None = None
+) -> tuple:
     """(Line, hardware FLOPs of a step at the target batch) of cfg's precision, checkpointing
     and pruning, from the analytic estimate of the model as the run builds it. Where XLA
     compiles the step, from XLA's own plans of it (runner/estimate/xla_plan.py), cached in
-    cache_dir(), each read's (seconds, cached) appended to `ledger`: at micro-batch 1 and at
-    the target batch, the line through them."""
-    keras.backend.clear_session()
+    cache_dir(), each read written down in `ledger` (an xla_plan.Ledger): at micro-batch 1 and
+    at the target batch, the line through them (only the target batch's, where it fits
+    `usable` bytes in one micro-batch)."""
     effective = target_batch(cfg)
     cfg = with_batch(cfg, 1, 1)
     jit = resolve_jit(cfg.trainer.jit_compile, cfg.model.name, on_gpu)
     cpu_xla = is_cpu_xla(jit, name)
+    keras.backend.clear_session()  # before the policy: clearing the session resets it
     with precision.policy(cfg.precision):
-        built = build_model(cfg.model, spec)
-        model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
+        built, model, remat = _built(cfg, spec)
         optimizer = precision.wrap_optimizer(build_optimizer(cfg.trainer, 10), cfg.precision)
         optimizer.build(model.trainable_variables)
         if jit:
             planned = xla_plan.Planned(model, xla_plan.device(on_gpu), cache_dir(), ledger)
-            line = _planned_line(built, optimizer, cfg, spec, effective, remat, planned)
+            line = _planned_line(built, optimizer, cfg, spec, effective, remat, planned, usable)
             return line, _hardware(built, cfg, spec, effective, remat)
         one = memory.estimate_memory(built, optimizer, cfg, spec, cpu_xla, remat, on_gpu)
         two = memory.estimate_memory(
@@ -188,6 +190,25 @@ def estimate_line(cfg: DictConfig, spec, on_gpu: bool, name: str, ledger=None) -
     return line, hardware
 
 
+def _built(cfg: DictConfig, spec) -> tuple:
+    """(the model as the run builds it, what the step calls: checkpointing's wrapper, its
+    RematInfo); under cfg's precision policy."""
+    built = build_model(cfg.model, spec)
+    model, remat = checkpointing.apply(built, cfg.checkpointing.policy, cfg.checkpointing.every)
+    return built, model, remat
+
+
+def step_flops(cfg: DictConfig, spec) -> float:
+    """Hardware FLOPs of a step of cfg's job at the target batch (checkpointing's
+    recomputation in): the step-time ratios' reference, with no plan of its memory."""
+    effective = target_batch(cfg)
+    cfg = with_batch(cfg, 1, 1)
+    keras.backend.clear_session()
+    with precision.policy(cfg.precision):
+        built, _, remat = _built(cfg, spec)
+        return _hardware(built, cfg, spec, effective, remat)
+
+
 def _hardware(built, cfg, spec, effective: int, remat) -> float:
     """Hardware FLOPs of a step at the target batch (checkpointing's recomputation in)."""
     flops_cfg = with_batch(cfg, effective, 1)
@@ -195,22 +216,25 @@ def _hardware(built, cfg, spec, effective: int, remat) -> float:
     return flops.hardware_flops_per_step(model_flops, built, flops_cfg, spec, remat)
 
 
-def _planned_line(built, optimizer, cfg, spec, effective: int, remat, planned) -> Line:
+def _planned_line(built, optimizer, cfg, spec, effective: int, remat, planned, usable) -> Line:
     """The line through XLA's plans of the step at micro-batch 1 and at the target batch, each
     an accum=1 step (its update in the same call: a micro-batch's call of an accumulating
-    step holds no more), the accumulation sum beside it for accum > 1."""
+    step holds no more), the accumulation sum beside it for accum > 1. Where the target
+    batch's plan fits `usable` bytes (None: not asked) in one micro-batch, the plan at 1 is
+    not compiled: the line is that one plan (through 0), and only its point is a figure."""
     at = {}
-    for b in sorted({1, effective}):
+    for b in sorted({1, effective}, reverse=True):
+        if b < effective and usable is not None and at[effective]["total"] <= usable:
+            break
         job = with_batch(cfg, b, 1)
         at[b] = memory.estimate_memory(built, optimizer, job, spec, True, remat, False, planned)
-    one = at[1]
-    fixed = {k: one[k] for k in ("params", "optimizer", "masks", "data")}
+    fixed = {k: at[effective][k] for k in ("params", "optimizer", "masks", "data")}
     base = sum(fixed.values())
     sums = executor_rules.float32_bytes(built.trainable_variables)
     line = Line(base, sums, None, fixed)
     line.points = {b: parts["total"] - base for b, parts in at.items()}
     (b1, p1), (b2, p2) = sorted(line.points.items())[0], sorted(line.points.items())[-1]
-    line.per_sample = (p2 - p1) / (b2 - b1) if b2 > b1 else p1
+    line.per_sample = (p2 - p1) / (b2 - b1) if b2 > b1 else p2 / b2
     return line
 
 
