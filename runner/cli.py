@@ -8,6 +8,7 @@ once per value of each swept key, with Hydra's own compose API and the real conf
 
 import itertools
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import yaml
@@ -21,6 +22,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from runner.config import CONF_DIR, group_options, name_model, register_configs, validate
 from runner.config.store import search_path
 from runner.core.errors import BusyError, ConfigError, ModelError, ResumeError, TrackingError
+from runner.schedules import SCHEDULES
 from runner.track.rundir import locate
 from runner.track.server import check_store
 
@@ -62,13 +64,27 @@ def _explain(override: str, others: list[str], err: Exception) -> str:
         return f"{key}={value}: no such option; expected one of {', '.join(sorted(options))}"
     cause = err.__cause__ if err.__cause__ is not None else err
     if isinstance(cause, ConfigKeyError | ConfigAttributeError):
+        siblings = ", ".join(_sibling_keys(key, others))
         return (
-            f"{key}={value}: unknown key; expected one of {', '.join(_sibling_keys(key, others))}"
+            f"{key}={value}: unknown key; expected one of {siblings}{_schedules_with(key, value)}"
         )
     if isinstance(cause, OmegaConfBaseException):
         msg = str(cause).splitlines()[0]
         return f"{key}={value}: {msg}"
     return f"{override}: {str(err).splitlines()[0]}"
+
+
+def _schedules_with(key: str, value: str) -> str:
+    """For a pruning key the chosen schedule lacks (each schedule has its own keys:
+    runner/schedules/), which schedules have it, and how a sweep over schedules sets it."""
+    group, _, leaf = key.lstrip("+~").partition(".")
+    having = [name for name, cls in SCHEDULES.items() if leaf in {f.name for f in fields(cls)}]
+    if group != "pruning" or not having:
+        return ""
+    return (
+        f" (a key of pruning={','.join(sorted(having))}; in a sweep over schedules, "
+        f"++{group}.{leaf}={value} sets it where a schedule has it)"
+    )
 
 
 def _sibling_keys(key: str, others: list[str]) -> list[str]:

@@ -172,6 +172,14 @@ BAD_INPUT = [
         "accum=auto",
         "an integer >= 1 with distribution.strategy=multi_worker",
     ),
+    # Each pruning schedule has its own keys (runner/schedules/): a sweep over schedules sets
+    # one that some lack with ++, and an override may not turn one schedule into another.
+    (
+        ["-m", "pruning=none,constant", "pruning.frequency=2"],
+        "pruning.frequency=2",
+        "++pruning.frequency=2 sets it where a schedule has it",
+    ),
+    (["pruning=polynomial", "pruning.schedule=m_by_n"], "pruning.schedule=m_by_n", "polynomial"),
     (["deploy=tflite"], "deploy=tflite", "litert, none"),
     (
         ["deploy=litert", "deploy.variants=[float32,int4]"],

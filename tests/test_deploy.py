@@ -183,7 +183,7 @@ def test_a_sweep_compares_the_variants_of_its_jobs(tmp_path, store):
     an int32 BiasAdd they lack), its int8 row says why it is not tried (token inputs), and the
     sweep's report has the deployment table, divided by the baseline's float32 file, and the
     accuracy-against-latency-and-size picture."""
-    args = ["-m", "pruning=none,constant", "pruning.frequency=2", "sweep.isolate=false"]
+    args = ["-m", "pruning=none,constant", "++pruning.frequency=2", "sweep.isolate=false"]
     args += [*tiny_overrides("transformer"), *DEPLOY, "deploy.variants=[float32,int8,sparse]"]
     args += ["deploy.rounds=1"]
     done = run_cli(args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store})

@@ -157,7 +157,7 @@ def test_the_allocators_share_is_counted_on_a_step_without_xla_only():
 def test_masks_only_when_pruning():
     model, opt, cfg, spec = built("transformer")
     assert memory.estimate_memory(model, opt, cfg, spec)["masks"] == 0
-    cfg.pruning.schedule = "polynomial"
+    cfg = compose_config(tiny_overrides("transformer") + ["pruning=polynomial"])
     masks = memory.estimate_memory(model, opt, cfg, spec)["masks"]
     h, vocab = cfg.model.h, TOKENS.num_classes
     # q, k, v, attention output (h x h each), mlp_up and mlp_down (4h^2 each), logits (h x vocab).

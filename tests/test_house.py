@@ -12,7 +12,7 @@ LIMIT = 300
 # higher one's. `models` sits beside `runner.core`: it imports no tfmemlab package.
 LAYERS = [
     ("models", "runner.core"),
-    ("runner.data",),
+    ("runner.data", "runner.schedules"),
     ("runner.config",),
     ("runner.feed",),
     ("runner.techniques",),

@@ -44,7 +44,8 @@ for jit in (True, False):
             out[key + " median"] = least_peak(lambda: call(True), statistics.median, 6)
         out[key + " plain"] = least_peak(lambda: call(False))
         threads = executor_rules.inter_op_threads()
-        out[key + " rule"] = executor_rules.choice_bytes(pruner.kernels, schedule, threads, jit)
+        copies = pruner.schedule.choice_copies
+        out[key + " rule"] = executor_rules.choice_bytes(pruner.kernels, copies, threads, jit)
 out["masks"] = pruner.mask_bytes()
 print("RESULT " + json.dumps(out))
 """

@@ -3,6 +3,7 @@ pattern, regrowth, one clock with the optimizer, which weights are chosen, and w
 run records in MLflow. tests/test_pruning_tfmot.py runs tfmot itself beside the Pruner."""
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 
 import keras
@@ -15,14 +16,17 @@ from omegaconf import OmegaConf
 from models.spec import DataSpec
 from models.transformer import TransformerBlock
 from runner.config import ConfigError, validate
-from runner.config.schema import PruningConfig
 from runner.estimate import memory
+from runner.schedules import SCHEDULES, schedule_of
+from runner.schedules.m_by_n import m_by_n_mask
+from runner.schedules.magnitude import Magnitude, magnitude_mask
+from runner.schedules.schedule import require
 from runner.techniques import pruning
 from runner.techniques.accumulation import make_train_step
 from runner.train import run
 from runner.train.job import build_model
 from runner.train.optimizer import build_optimizer
-from tests.conftest import compose_config, tiny_overrides
+from tests.conftest import REPO, compose_config, tiny_overrides
 
 TOKENS = DataSpec("tokens", (8,), 16, per_token=True, vocab_size=16)
 IMAGES = DataSpec("image", (32, 32, 3), 10)
@@ -30,7 +34,7 @@ H32 = ["model.h=32", "model.heads=2"]  # kernels of 512+ weights: 0.5% is 2-3 we
 
 
 def schedule(**keys):
-    return OmegaConf.structured(PruningConfig(**keys))
+    return schedule_of(keys)
 
 
 # Expected values written out from the formulas (Zhu & Gupta 2017, eq. 1; tfmot's schedules).
@@ -70,7 +74,7 @@ SCHEDULE_VALUES = [
 
 @pytest.mark.parametrize(("keys", "step", "expected"), SCHEDULE_VALUES)
 def test_schedule_values_follow_the_formula(keys, step, expected):
-    assert pruning.sparsity_at(schedule(**keys), step, 200) == pytest.approx(expected)
+    assert schedule(**keys).sparsity_at(step, 200) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -83,14 +87,18 @@ def test_schedule_values_follow_the_formula(keys, step, expected):
 )
 def test_choice_steps_are_tfmot_steps_and_end_step(keys, expected):
     p = schedule(schedule="polynomial", **keys)
-    assert [t for t in range(1, 201) if pruning.is_update_step(p, t, 200)] == expected
+    assert [t for t in range(1, 201) if p.is_update_step(t, 200)] == expected
 
 
 BAD_PRUNING = [
     (["pruning.schedule=magnitude"], "pruning.schedule=magnitude", "m_by_n"),
     (["pruning.target_sparsity=1.0"], "pruning.target_sparsity=1.0", "[0, 1)"),
-    (["pruning.initial_sparsity=-0.1"], "pruning.initial_sparsity=-0.1", "[0, 1)"),
-    (["pruning.power=0"], "pruning.power=0", "> 0"),
+    (
+        ["pruning=polynomial", "pruning.initial_sparsity=-0.1"],
+        "pruning.initial_sparsity=-0.1",
+        "[0, 1)",
+    ),
+    (["pruning=polynomial", "pruning.power=0"], "pruning.power=0", "> 0"),
     (["pruning.frequency=0"], "pruning.frequency=0", ">= 1"),
     # a first choice at step 1 would rank the untrained weights
     (["pruning.begin_step=1"], "pruning.begin_step=1", "0 or >= 2"),
@@ -112,6 +120,56 @@ def test_bad_pruning_config_fails_in_one_line(overrides, message, allowed):
     assert str(err.value).startswith(message) and allowed in str(err.value)
 
 
+def test_each_pruning_option_names_its_class_and_each_class_has_an_option():
+    names = {}
+    for path in sorted((REPO / "conf" / "pruning").glob("*.yaml")):
+        option = OmegaConf.load(path)
+        names[path.stem] = option.schedule
+        assert f"base_{option.schedule}" in option.defaults, path
+    assert names == {name: name for name in SCHEDULES}
+
+
+def test_a_new_schedule_is_one_yaml_and_one_class(tmp_path):
+    """A schedule of one's own: a subclass that sets `name`, and a YAML in a config folder that
+    extends its schema. It composes, its keys are checked in one line, and the Pruner chooses
+    masks at its sparsity, with no other line changed."""
+
+    @dataclass
+    class Stepwise(Magnitude):
+        name = "stepwise_test"
+        schedule: str = "stepwise_test"
+        steps: int = 2  # the target reached in this many equal steps
+
+        def check(self, total_steps=None):
+            require(self.steps >= 1, "steps", self.steps, "a number >= 1")
+            super().check(total_steps)
+
+        def sparsity(self, step, total_steps):
+            done = tf.minimum(1.0, tf.cast(step, tf.float32) / self.end(total_steps))
+            return self.target_sparsity * tf.math.ceil(done * self.steps) / self.steps
+
+    (tmp_path / "pruning").mkdir()
+    yaml = "defaults:\n  - base_stepwise_test\n  - _self_\n\nschedule: stepwise_test\nsteps: 4\n"
+    (tmp_path / "pruning" / "stepwise_test.yaml").write_text(yaml)
+    try:
+        cfg = compose_config(["pruning=stepwise_test", "pruning.frequency=10"], tmp_path)
+        validate(cfg)
+        chosen = schedule_of(cfg.pruning)
+        assert isinstance(chosen, Stepwise) and chosen.steps == 4
+        bad = compose_config(["pruning=stepwise_test", "pruning.steps=0"], tmp_path)
+        with pytest.raises(ConfigError, match=r"^pruning\.steps=0: not allowed"):
+            validate(bad)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64)])
+        adam = keras.optimizers.Adam()
+        adam.build(model.trainable_variables)
+        pruner = pruning.Pruner(model, cfg.pruning, 100, adam)
+        pruner._choose_masks(tf.constant(30, tf.int64))  # 0.3 of the way: the second quarter
+        kept = float(tf.reduce_mean(pruner.masks[0]))
+        assert kept == pytest.approx(1 - 0.5 * 2 / 4, abs=1 / 4096)
+    finally:
+        SCHEDULES.pop("stepwise_test")
+
+
 @pytest.mark.parametrize(
     ("shape", "sparsity", "kept"),
     [
@@ -122,7 +180,7 @@ def test_bad_pruning_config_fails_in_one_line(overrides, message, allowed):
 )
 def test_magnitude_mask_keeps_the_largest(shape, sparsity, kept):
     weights = np.random.default_rng(0).normal(size=shape).astype("float32")
-    mask = pruning.magnitude_mask(tf.abs(weights), tf.constant(sparsity)).numpy()
+    mask = magnitude_mask(tf.abs(weights), tf.constant(sparsity)).numpy()
     assert (mask == 1).sum() == kept
     assert np.abs(weights[mask == 0]).max() < np.abs(weights[mask == 1]).min()
 
@@ -140,7 +198,7 @@ def groups_of(weights, axes, n):
 )
 def test_m_by_n_mask_keeps_the_largest_two_of_four(shape, axes):
     weights = np.random.default_rng(1).normal(size=shape).astype("float32")
-    mask = pruning.m_by_n_mask(tf.abs(weights), axes, 2, 4).numpy()
+    mask = m_by_n_mask(tf.abs(weights), axes, 2, 4).numpy()
     kept, magnitudes = groups_of(mask, axes, 4), groups_of(np.abs(weights), axes, 4)
     assert (kept.sum(axis=1) == 2).all()
     smallest_kept = np.where(kept == 1, magnitudes, np.inf).min(axis=1)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from runner.schedules.m_by_n import m_by_n_mask
 from runner.techniques import pruning
 from runner.techniques.accumulation import make_train_step
 from tests.conftest import compose_config
@@ -138,7 +139,7 @@ def test_two_of_four_masks_equal_tfmot(tfmot, shape):
     weights = tf.constant(np.random.default_rng(2).normal(size=shape), tf.float32)
     impl = tfmot["pruning_impl"].Pruning(lambda: 1, [], None, (1, 1), "AVG", (2, 4))
     theirs = impl._update_mask_sparsity_m_by_n(weights, (2, 4))
-    ours = pruning.m_by_n_mask(tf.abs(weights), (len(shape) - 2,), 2, 4)
+    ours = m_by_n_mask(tf.abs(weights), (len(shape) - 2,), 2, 4)
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 

@@ -12,7 +12,7 @@ from runner.config.store import (
     with_batch,
     with_option,
 )
-from runner.config.validate import check_pruning_steps, validate
+from runner.config.validate import validate
 from runner.core.errors import ConfigError
 
 __all__ = [
@@ -20,7 +20,6 @@ __all__ = [
     "IMAGE_MODELS",
     "ConfigError",
     "MlflowConfig",
-    "check_pruning_steps",
     "compose_config",
     "group_options",
     "name_model",

@@ -10,13 +10,14 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from runner.schedules import Schedule
+
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 CHECKPOINTING_POLICIES = ("none", "blocks", "sqrt", "every", "selective")
 STRATEGIES = ("none", "mirrored", "multi_worker")  # distribution.strategy
 PRECISION_NAMES = ("fp32", "mixed", "bf16")  # conf/precision/*.yaml
-PRUNING_SCHEDULES = ("none", "constant", "polynomial", "m_by_n")
 JIT_CHOICES = ("auto", "true", "false")
 IMAGE_MODELS = ("mobilenet", "efficientnet")
 DEPLOY_NAMES = ("none", "litert")
@@ -76,25 +77,6 @@ class PrecisionConfig:
 class CheckpointingConfig:
     policy: str = "none"  # none | blocks | sqrt | every | selective
     every: int = 2  # policy=every: blocks per recomputed segment
-
-
-@dataclass
-class PruningConfig:
-    """Steps are optimizer steps counted from 1 (tfmot's pruning step);
-    runner/techniques/pruning.py has the details."""
-
-    schedule: str = "none"  # none | constant | polynomial | m_by_n
-    target_sparsity: float = 0.5  # constant, polynomial: fraction of each kernel set to zero
-    initial_sparsity: float = 0.0  # polynomial: the sparsity at begin_step
-    power: float = 3.0  # polynomial: the exponent of the decay (tfmot's default)
-    begin_step: int = 0  # masks are chosen at begin_step + k x frequency (step 0 never runs)
-    end_step: int | None = None  # and at end_step, the last choice; null: the run's last step
-    frequency: int = 100  # steps between mask choices (tfmot's default)
-    regrow: bool = True  # pruned weights keep training and may be chosen back, as in tfmot
-    m: int = 2  # m_by_n: keep the m largest of every n consecutive weights along the input axis
-    n: int = 4
-    include: list[str] = field(default_factory=list)  # regexes on variable paths; []: default
-    exclude: list[str] = field(default_factory=list)  # regexes on variable paths to leave dense
 
 
 @dataclass
@@ -204,7 +186,7 @@ class Config:
     model: Any = MISSING
     precision: PrecisionConfig = MISSING
     checkpointing: CheckpointingConfig = MISSING
-    pruning: PruningConfig = MISSING
+    pruning: Schedule = MISSING  # one class per schedule: runner/schedules/
     distribution: DistributionConfig = MISSING
     deploy: DeployConfig = MISSING
     data: Any = MISSING

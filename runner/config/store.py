@@ -17,11 +17,11 @@ from runner.config.schema import (
     KerasAppConfig,
     MobileNetConfig,
     PrecisionConfig,
-    PruningConfig,
     TrainerConfig,
     TransformerConfig,
 )
 from runner.core.lock import fresh_dir
+from runner.schedules import SCHEDULES
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -55,13 +55,15 @@ def register_configs() -> None:
         ("model", "base_keras_app", KerasAppConfig),
         ("precision", "base_precision", PrecisionConfig),
         ("checkpointing", "base_checkpointing", CheckpointingConfig),
-        ("pruning", "base_pruning", PruningConfig),
         ("distribution", "base_distribution", DistributionConfig),
         ("deploy", "base_deploy", DeployConfig),
         ("trainer", "base_trainer", TrainerConfig),
     ]:
         cs.store(group=group, name=name, node=node)
-    # Every data source's schema, under the name its YAML extends: a new source needs no line here.
+    # Every pruning schedule's and data source's schema, under the name its YAML extends: a new
+    # one needs no line here.
+    for name, node in SCHEDULES.items():
+        cs.store(group="pruning", name=f"base_{name}", node=node)
     for node in DataConfig.__subclasses__():
         cs.store(group="data", name=f"base_{node.name}", node=node)
 

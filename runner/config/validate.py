@@ -28,12 +28,12 @@ from runner.config.schema import (
     OPTIMIZERS,
     POLICIES,
     PRECISION_NAMES,
-    PRUNING_SCHEDULES,
     SCHEDULES,
     STRATEGIES,
 )
 from runner.core.errors import ConfigError, PlanError
 from runner.core.units import BYTES_ALLOWED, parse_bytes
+from runner.schedules import schedule_of
 
 
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -129,45 +129,10 @@ def _validate_trainer(cfg: DictConfig) -> None:
         _require(strategy == "none", "trainer.bn_recalibrate", cfg.trainer.bn_recalibrate, allowed)
 
 
-def check_pruning_steps(pruning, total_steps: int) -> None:
-    """begin_step and end_step must fall within the run's optimizer steps (1 to total_steps),
-    so the masks reach their target while it still trains, and the last choice (end_step,
-    null: the last step) must follow a trained step. Also called once total_steps is known."""
-    for key in ("begin_step", "end_step"):
-        value = pruning[key]
-        allowed = f"a step <= {total_steps} (the run has {total_steps} optimizer steps)"
-        _require(value is None or value <= total_steps, f"pruning.{key}", value, allowed)
-    allowed = "a step >= 2, or null in a run of >= 2 optimizer steps"
-    _require(pruning.end_step is not None or total_steps >= 2, "pruning.end_step", None, allowed)
-
-
 def _validate_pruning(cfg: DictConfig) -> None:
-    p = cfg.pruning
-    _check_choice(cfg, "pruning.schedule", PRUNING_SCHEDULES)
-    for key in ("target_sparsity", "initial_sparsity"):
-        _require(0.0 <= p[key] < 1.0, f"pruning.{key}", p[key], "a number in [0, 1)")
-    _require(p.power > 0, "pruning.power", p.power, "a number > 0")
-    _check_min(cfg, "pruning.begin_step", 0)
-    _check_min(cfg, "pruning.frequency", 1)
-    # Step 1 starts from the initial weights: masks chosen there would prune at random (issue
-    # 13). The first choice is at begin_step, or at frequency when begin_step is 0.
-    untrained = "(step 1 starts from the untrained weights)"
-    _require(p.begin_step != 1, "pruning.begin_step", p.begin_step, f"0 or >= 2 {untrained}")
-    first_ok = p.begin_step > 0 or p.frequency > 1
-    _require(first_ok, "pruning.frequency", p.frequency, f">= 2 with begin_step=0 {untrained}")
-    _check_min(cfg, "pruning.m", 1)
-    _require(p.n > p.m, "pruning.n", p.n, f"a group size > pruning.m={p.m}")
-    end = p.end_step
-    end_ok = end is None or end >= max(p.begin_step, 2)
-    _require(end_ok, "pruning.end_step", end, f"null or >= begin_step and >= 2 {untrained}")
-    for key in ("include", "exclude"):
-        for pattern in p[key]:
-            try:
-                re.compile(pattern)
-            except re.error:
-                raise ConfigError(f"pruning.{key}", pattern, "regular expressions") from None
-    if p.schedule != "none" and cfg.trainer.max_steps is not None:
-        check_pruning_steps(p, cfg.trainer.max_steps)
+    """The schedule's own checks (runner/schedules/), with the run's steps where they are given."""
+    schedule = schedule_of(cfg.pruning)
+    schedule.check(cfg.trainer.max_steps if schedule.prunes else None)
 
 
 def _validate_accum_and_plan(cfg: DictConfig) -> None:

@@ -165,27 +165,17 @@ def inter_op_threads() -> int:
     return threads(tf.config.threading.get_inter_op_parallelism_threads())
 
 
-# Float32 copies of one pruned kernel that its mask's choice holds beside its new mask, by
-# schedule (runner/techniques/pruning.py _choose_masks): a magnitude choice its scores (|w|),
-# then top_k's indices beside the kept flags; m_by_n its transposed, padded scores, then
-# top_k's indices beside their one-hot (m copies of 2:4's kernel), then their sum. **Measured**
-# under XLA on a CPU, which chooses one kernel at a time: the plan of a step on six Dense
-# kernels of 4 or 16 MiB held two copies of every mask and 2.00 (magnitude) or 3.00 (m_by_n)
-# copies of one kernel beyond the step without pruning (56.1 and 60.1 MiB at 4 MiB, 224.2 and
-# 240.1 at 16).
-CHOICE_COPIES = {"m_by_n": 3}  # magnitude schedules (polynomial, constant): 2
-
-
-def choice_bytes(kernels, schedule: str, slots: int, cpu_xla: bool) -> int:
+def choice_bytes(kernels, copies: int, slots: int, cpu_xla: bool) -> int:
     """What a step that chooses new masks (every pruning run has one: its last) holds above the
     weights, slots and masks once its update has run: the choice runs after the update, when the
     step's activations and gradients are gone, and every kernel's choice is independent of the
     others'. Under XLA on a CPU the new masks, and the masked kernels, are all alive until the
     computation returns (two float32 copies of every pruned kernel) and one kernel's choice at a
-    time holds its copies (CHOICE_COPIES). TensorFlow's executor runs the choices side by side:
+    time holds its `copies` (the schedule's choice_copies: runner/schedules/). TensorFlow's
+    executor runs the choices side by side:
     each holds at least one float32 copy of its kernel from its first op to its mask's assign,
     and `slots` (its inter-op threads) are at work at once, each holding the rest of its copies:
-    the bound is one copy of every kernel and CHOICE_COPIES - 1 more of the `slots` largest
+    the bound is one copy of every kernel and `copies` - 1 more of the `slots` largest
     (on six 4 MiB Dense kernels: magnitude 28.0-32.0 MiB, the rule 32; m_by_n 24.0-36.1, the
     rule 40; a step that chooses nothing 20-24). **Measured** (the
     allocator's peak above the resting state of a choice step, Adam, batch 1-2): keras ResNet50
@@ -197,5 +187,5 @@ def choice_bytes(kernels, schedule: str, slots: int, cpu_xla: bool) -> int:
     if not sizes:
         return 0
     if cpu_xla:
-        return 2 * sum(sizes) + CHOICE_COPIES.get(schedule, 2) * sizes[0]
-    return sum(sizes) + (CHOICE_COPIES.get(schedule, 2) - 1) * sum(sizes[:slots])
+        return 2 * sum(sizes) + copies * sizes[0]
+    return sum(sizes) + (copies - 1) * sum(sizes[:slots])

@@ -21,6 +21,7 @@ from runner.estimate import (
     xla_plan,
 )
 from runner.estimate.calibration import ALLOCATOR_WASTE, CPU_XLA_BYTES
+from runner.schedules import schedule_of
 from runner.techniques import pruning
 from runner.techniques.checkpointing import RematInfo
 
@@ -265,7 +266,8 @@ def estimate_memory(
     own = sum(step.values())
     # What a choice step holds beyond the backward's moment (executor_rules.choice_bytes).
     threads = executor_rules.inter_op_threads()  # the masks' choices run at once
-    choice = executor_rules.choice_bytes(kernels, cfg.pruning.schedule, threads, cpu_xla) - own
+    copies = schedule_of(cfg.pruning).choice_copies
+    choice = executor_rules.choice_bytes(kernels, copies, threads, cpu_xla) - own
     # The allocator's rounding of a step without XLA (XLA's buffers are its plan's), and the
     # small tensors the job keeps in chunks of 256 bytes (small_tensors.py).
     waste = 0

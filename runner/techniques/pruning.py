@@ -5,22 +5,8 @@ be combined with Keras 3 and our accumulation step. This module re-implements it
 the reference; file:line below are tensorflow_model_optimization/python/core/sparsity/keras/
 in 0.8.1, and tests/test_pruning_tfmot.py runs tfmot itself beside this code.
 
-- Clock: step t is the t-th optimizer step, from 1, i.e. `optimizer.iterations + 1` as it
-  starts; the LR schedule reads the same counter. tfmot's wrapper adds 1 to its pruning_step
-  (set to 0 by UpdatePruningStep.on_train_begin, pruning_callbacks.py:54-65) at the start of
-  every training call, then runs conditional_mask_update with it (pruning_wrapper.py:289-314):
-  its step t is ours. A float16 step skipped for overflow advances neither of our clocks.
-- When: masks are chosen at the start of step t if begin_step <= t <= end_step and
-  (t - begin_step) % frequency == 0 (_should_prune_in_step, pruning_schedule.py:40-64), so with
-  begin_step 0 the first choice is at step `frequency`, after frequency - 1 trained steps. Ours
-  adds end_step itself, so polynomial ends on target_sparsity when end_step - begin_step is not
-  a multiple of frequency (tfmot stops short). config.py refuses a first choice at step 1: it
-  would rank the initial weights, i.e. prune at random.
-- What: a kernel keeps its max(round(size x (1 - s)), 1) largest |w|, at least one weight
-  (_update_mask, pruning_impl.py:91-100, float32 as there); tfmot also keeps every |w| tied
-  with the last one kept, we keep exactly that many. m_by_n keeps the m largest of every n along
-  the input axis (pruning_utils.py:193-330); tfmot chooses those once, at step 1 (pruning_impl.py:
-  260-262), on untrained weights: here they follow begin_step and frequency like the others.
+- Clock, sparsity and choice: the schedule's (runner/schedules/: tfmot's clock, its
+  ConstantSparsity and PolynomialDecay, m:n groups along a kernel's input axes).
 - Regrowth: tfmot assigns weight x mask to each kernel at every call, before the forward pass
   (pruning_wrapper.py:316-321; pruning_impl.py:204-254), and the optimizer then updates every
   weight, pruned ones included: at the next choice a pruned weight whose one-step update
@@ -47,8 +33,8 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from runner.config.validate import check_pruning_steps
 from runner.core.errors import ConfigError
+from runner.schedules import schedule_of
 
 # Depthwise kernels are left dense, as tfmot's prune_registry.py:62-64 does (DepthwiseConv2D:
 # nothing; SeparableConv: pointwise_kernel only): a 3x3 filter per channel has few weights to
@@ -115,53 +101,6 @@ def select_kernels(model, p: DictConfig) -> list:
     return [v for v in chosen if not _matches(v.path, p.exclude)]
 
 
-def _end(p, total_steps: int) -> int:
-    return total_steps if p.end_step is None else p.end_step
-
-
-def is_update_step(p, step, total_steps: int):
-    """Are masks chosen at the start of step `step` (from 1)? For a Python int or an int64
-    tensor (the compiled step asks with optimizer.iterations + 1)."""
-    if p.schedule == "none":
-        return False
-    begin, end = p.begin_step, _end(p, total_steps)
-    on_grid = (step - begin) % p.frequency == 0
-    return (step >= begin) & (step <= end) & (on_grid | (step == end))
-
-
-def scheduled_sparsity(p, step, total_steps: int) -> tf.Tensor:
-    """The schedule's sparsity at step `step`, in float32 op for op as tfmot computes it
-    (ConstantSparsity, PolynomialDecay.__call__: pruning_schedule.py:163-166, 222-246)."""
-    if p.schedule == "m_by_n":
-        return tf.constant(1.0 - p.m / p.n, tf.float32)
-    if p.schedule == "constant":
-        return tf.constant(p.target_sparsity, tf.float32)
-    begin, end = p.begin_step, _end(p, total_steps)
-    if end == begin:  # tfmot would divide by zero
-        return tf.constant(p.target_sparsity, tf.float32)
-    # Zhu & Gupta 2017, eq. (1): s_t = s_f + (s_i - s_f)(1 - (t - t0) / (n dt))^power.
-    done = tf.minimum(1.0, tf.maximum(0.0, tf.cast(step - begin, tf.float32) / (end - begin)))
-    decay = (p.initial_sparsity - p.target_sparsity) * tf.pow(1 - done, p.power)
-    return decay + p.target_sparsity
-
-
-def sparsity_at(p, step: int, total_steps: int) -> float:
-    """The sparsity the masks hold during step `step`: the schedule's value at the last choice
-    at or before it (0 before the first)."""
-    chosen = [t for t in range(2, step + 1) if is_update_step(p, t, total_steps)]
-    return float(scheduled_sparsity(p, chosen[-1], total_steps)) if chosen else 0.0
-
-
-def magnitude_mask(scores: tf.Tensor, sparsity: tf.Tensor) -> tf.Tensor:
-    """1 for the max(round(size x (1 - sparsity)), 1) largest scores (|w|), 0 elsewhere."""
-    flat = tf.reshape(scores, [-1])
-    size = flat.shape[0]
-    kept = tf.maximum(tf.round(tf.cast(size, tf.float32) * (1 - sparsity)), 1)
-    _, order = tf.math.top_k(flat, k=size)  # descending; ties: lower index first, as tfmot
-    keep = tf.cast(tf.range(size) < tf.cast(kept, tf.int32), tf.float32)
-    return tf.reshape(tf.scatter_nd(order[:, None], keep, [size]), scores.shape)
-
-
 def input_axes(layer, rank: int) -> tuple[int, ...]:
     """The kernel axes its layer sums the input over: where m:n hardware groups weights
     (tfmot's weights_rearrange: Dense (in, out) along in, Conv2D along in_channels)."""
@@ -176,30 +115,13 @@ def input_axes(layer, rank: int) -> tuple[int, ...]:
     return (0,)  # Dense (in, out), and any variable chosen by pruning.include
 
 
-def m_by_n_mask(scores: tf.Tensor, axes: tuple[int, ...], m: int, n: int) -> tf.Tensor:
-    """Keep the m largest scores in every n consecutive ones along `axes` (flattened in order).
-
-    Like tfmot's generate_m_by_n_mask, a last shorter group is padded; the pads rank below
-    every real score, so it keeps its m largest too. (tfmot's m counts zeros; here m counts
-    the weights kept, as in NVIDIA's "2:4". Both mean the same for 2:4.)
-    """
-    perm = [a for a in range(len(scores.shape)) if a not in axes] + list(axes)
-    moved = tf.transpose(scores, perm)
-    length = math.prod(scores.shape[a] for a in axes)
-    rows = tf.reshape(moved, [-1, length])
-    padded = tf.pad(rows, [[0, 0], [0, -length % n]], constant_values=-np.inf)
-    _, keep = tf.math.top_k(tf.reshape(padded, [-1, n]), k=m)  # ties: lower index first
-    groups = tf.reduce_sum(tf.one_hot(keep, n, dtype=tf.float32), axis=1)
-    mask = tf.reshape(groups, tf.shape(padded))[:, :length]
-    return tf.transpose(tf.reshape(mask, moved.shape), np.argsort(perm))
-
-
 class Pruner:
     """One float32 mask per selected kernel, chosen and applied by `after_update`, which the
     compiled step runs right after each optimizer update (runner/techniques/accumulation.py)."""
 
     def __init__(self, model, p: DictConfig, total_steps: int, optimizer):
-        check_pruning_steps(p, total_steps)
+        self.schedule = schedule_of(p)
+        self.schedule.check_steps(total_steps)
         self.model, self.cfg, self.total_steps = model, p, total_steps
         self.optimizer = optimizer  # its iterations are the clock (a LossScaleOptimizer's: inner)
         self.kernels = select_kernels(model, p)
@@ -219,31 +141,28 @@ class Pruner:
         """If the next step is a choice step, choose its masks from the updated weights; then
         kernel <- kernel x mask. Run eagerly, or traced into the compiled step."""
         step = tf.convert_to_tensor(self.optimizer.iterations) + 1  # the next step, from 1
-        due = is_update_step(self.cfg, step, self.total_steps)
+        due = self.schedule.is_update_step(step, self.total_steps)
         tf.cond(due, lambda: self._choose_masks(step), lambda: None)
         for kernel, mask in zip(self.kernels, self.masks, strict=True):
             kernel.assign(kernel.value * tf.cast(mask, kernel.dtype))
 
     def _choose_masks(self, step) -> None:
-        p = self.cfg
-        sparsity = scheduled_sparsity(p, step, self.total_steps)
+        schedule = self.schedule
+        sparsity = schedule.sparsity(step, self.total_steps)
         for kernel, mask, axes in zip(self.kernels, self.masks, self.axes, strict=True):
             scores = tf.abs(tf.cast(kernel.value, tf.float32))
-            if not p.regrow:
+            if not schedule.regrow:
                 scores = tf.where(mask > 0, scores, -1.0)
-            if p.schedule == "m_by_n":
-                mask.assign(m_by_n_mask(scores, axes, p.m, p.n))
-            else:
-                mask.assign(magnitude_mask(scores, sparsity))
+            mask.assign(schedule.choose(scores, sparsity, axes))
 
     @property
     def updates(self) -> list[tuple[int, float]]:
         """(step, scheduled sparsity) of each choice so far: masks for step t are chosen once
         optimizer.iterations reaches t - 1."""
         done = int(keras.ops.convert_to_numpy(self.optimizer.iterations))  # mirrored too
-        p, total = self.cfg, self.total_steps
-        steps = [t for t in range(2, done + 2) if is_update_step(p, t, total)]
-        return [(t, float(scheduled_sparsity(p, t, total))) for t in steps]
+        schedule, total = self.schedule, self.total_steps
+        steps = [t for t in range(2, done + 2) if schedule.is_update_step(t, total)]
+        return [(t, float(schedule.sparsity(t, total))) for t in steps]
 
     def mask_bytes(self) -> int:
         return sum(4 * math.prod(v.shape) for v in self.kernels)
