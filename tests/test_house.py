@@ -14,7 +14,7 @@ LAYERS = [
     ("models", "runner.core"),
     ("runner.data", "runner.schedules"),
     ("runner.config",),
-    ("runner.feed",),
+    ("runner.feed", "runner.channels"),
     ("runner.techniques",),
     ("runner.estimate",),
     ("runner.measure",),

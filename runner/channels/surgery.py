@@ -1,0 +1,83 @@
+"""A functional model rebuilt without some of its channels (runner/channels/groups.py), and the
+masked model the smaller one must equal.
+
+The smaller model is a clone whose convolutions and Dense layers make only the kept channels
+(`filters`, `units`), every other layer built from its new inputs; each weight is the old one
+with, along each axis a group indexes, the kept positions taken in order. Masking is the other
+way to the same function: every position of a removed channel set to zero in the large model.
+"""
+
+import keras
+import numpy as np
+
+from runner.channels.groups import CONV, Analysis
+
+
+def _gone(a: Analysis, groups: np.ndarray, index: np.ndarray, kept: dict) -> np.ndarray:
+    """Of the channels (groups[p], index[p]), which are removed."""
+    roots = np.array([a.find(int(g)) for g in groups])
+    gone = np.zeros(len(roots), bool)
+    for root in set(roots.tolist()):
+        if root in kept:
+            here = roots == root
+            gone[here] = ~np.isin(index[here], kept[root])
+    return gone
+
+
+def removed_positions(a: Analysis, kept: dict[int, np.ndarray]) -> dict[tuple, np.ndarray]:
+    """(layer name, weight index, axis) -> bool of each position along the axis: removed.
+    `kept`: a group's id (a root) -> the indices it keeps; a group not in it keeps all."""
+    out = {}
+    for s in a.slots:
+        gone = _gone(a, s.group, s.index, kept)
+        key = (s.layer, s.weight, s.axis)
+        out[key] = out[key] | gone if key in out else gone
+    return out
+
+
+def _sizes(a: Analysis, kept: dict[int, np.ndarray]) -> dict[str, int]:
+    """Each producer's new output width (filters or units)."""
+    sizes = {}
+    for root, index in kept.items():
+        for name in a.groups[root].made_by:
+            sizes[name] = len(index)
+    return sizes
+
+
+def masked(model, a: Analysis, kept: dict[int, np.ndarray]):
+    """A copy of `model` with every position of a removed channel set to zero."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    for (name, weight, axis), gone in removed_positions(a, kept).items():
+        variable = copy.get_layer(name).weights[weight]
+        value = keras.ops.convert_to_numpy(variable).copy()
+        where = [slice(None)] * value.ndim
+        where[axis] = gone
+        value[tuple(where)] = 0
+        variable.assign(value)
+    return copy
+
+
+def smaller(model, a: Analysis, kept: dict[int, np.ndarray]):
+    """`model` rebuilt without the removed channels, its kept weights sliced in."""
+    sizes = _sizes(a, kept)
+    widths = {name: int((~_gone(a, *m, kept)).sum()) for name, m in a.widths.items()}
+
+    def rebuild(layer):
+        config = layer.get_config()
+        if layer.name in sizes:
+            config["filters" if isinstance(layer, CONV) else "units"] = sizes[layer.name]
+        if layer.name in widths:
+            config["target_shape"] = (*config["target_shape"][:-1], widths[layer.name])
+        return type(layer).from_config(config)
+
+    small = keras.models.clone_model(model, clone_function=rebuild)
+    gone = removed_positions(a, kept)
+    for old, new in zip(model.layers, small.layers, strict=True):
+        for i, (before, after) in enumerate(zip(old.weights, new.weights, strict=True)):
+            value = keras.ops.convert_to_numpy(before)
+            for (name, weight, axis), removed in gone.items():
+                if name == old.name and weight == i:
+                    value = np.take(value, np.flatnonzero(~removed), axis=axis)
+            after.assign(value)
+    return small

@@ -1,0 +1,128 @@
+"""Channel groups read from a functional model's graph, and the model rebuilt without some of
+them (runner/channels/): each coupling of layers, with the rebuilt model's outputs against the
+large model's with the same channels masked to zero."""
+
+import keras
+import numpy as np
+import pytest
+
+from runner.channels.groups import channel_groups
+from runner.channels.surgery import masked, smaller
+
+L = keras.layers
+RNG = np.random.default_rng(5)
+
+
+def _randomized(model):
+    """Biases and BatchNorm's vectors away from their initial zeros and ones, so that a wrong
+    slice of them shows in the outputs; kernels as Keras initializes them (their scale keeps
+    the outputs near 1, where float32 resolves 1e-5)."""
+    for w in model.weights:
+        name = w.path.rsplit("/", 1)[-1]
+        if name in ("moving_variance", "gamma"):
+            w.assign(RNG.uniform(0.5, 2.0, size=w.shape).astype("float32"))
+        elif name in ("moving_mean", "beta", "bias"):
+            w.assign(RNG.normal(size=w.shape).astype("float32") * 0.1)
+    return model
+
+
+def _half(a) -> dict:
+    """Every group that may lose channels keeps a random half of them."""
+    return {
+        g: np.sort(RNG.choice(a.groups[g].size, max(1, a.groups[g].size // 2), replace=False))
+        for g in a.prunable()
+    }
+
+
+def _same(model, kept, a, x, tol=1e-5) -> float:
+    """The rebuilt model's outputs against the masked large model's; also that masking changed
+    something (the test would hold trivially otherwise). Returns the params' ratio."""
+    small, big = smaller(model, a, kept), masked(model, a, kept)
+    got, want = small(x, training=False), big(x, training=False)
+    np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+    assert np.abs(want - model(x, training=False)).max() > 100 * tol
+    return small.count_params() / model.count_params()
+
+
+def _couplings():
+    """Residual Add, BatchNorm, a depthwise conv, a Concatenate, a squeeze-and-excitation gate
+    (pooling, Reshape, a sigmoid Dense, Multiply), hard-swish as Keras operations, Flatten into
+    a Dense."""
+    x = keras.Input((12, 12, 3))
+    a = L.ReLU()(L.BatchNormalization(name="bn_a")(L.Conv2D(16, 3, padding="same", name="a")(x)))
+    b = L.BatchNormalization()(L.Conv2D(16, 3, padding="same", name="b")(a))
+    c = L.ReLU()(L.Add()([a, b]))
+    d = L.ReLU(6.0)(L.BatchNormalization()(L.DepthwiseConv2D(3, padding="same", name="dw")(c)))
+    e, f = L.Conv2D(8, 1, name="e")(d), L.Conv2D(6, 1, activation="relu", name="f")(d)
+    g = L.Conv2D(12, 1, name="after_concat")(L.BatchNormalization()(L.Concatenate()([e, f])))
+    s = L.Dense(4, activation="swish", name="squeeze")(L.GlobalAveragePooling2D()(g))
+    s = L.Reshape((1, 1, 12))(L.Dense(12, activation="sigmoid", name="excite")(s))
+    h = L.Multiply()([g, s])
+    h = h * (L.ReLU(6.0)(h + 3.0) * (1.0 / 6.0))  # hard-swish, as keras.applications writes it
+    h = L.Flatten()(L.MaxPooling2D()(L.Conv2D(5, 3, activation="relu", name="last_conv")(h)))
+    out = L.Dense(3, name="logits")(L.Dense(10, activation="relu", name="hidden")(h))
+    return _randomized(keras.Model(x, out))
+
+
+def test_each_coupling_is_one_group_and_the_rebuilt_model_equals_the_masked_one():
+    model = _couplings()
+    a = channel_groups(model)
+    by_maker = {name: a.groups[g] for g in a.roots() for name in a.groups[g].made_by}
+    assert sorted(by_maker["a"].made_by) == ["a", "b"]  # the residual Add's two producers
+    assert sorted(by_maker["after_concat"].made_by) == ["after_concat", "excite"]  # the gate
+    assert not a.untouched and a.groups[0].pinned == "the model's input"
+    assert by_maker["logits"].pinned == "the model's output"
+    assert len(a.prunable()) == 7  # a+b, e, f, after_concat+excite, squeeze, last_conv, hidden
+    slots = {(s.layer, s.weight, s.axis): s for s in a.slots}
+    # the depthwise kernel (3, 3, C, 1) and BatchNorm's four vectors follow the residual group
+    residual = {a.find(int(g)) for g in slots["a", 0, 3].group}
+    assert {a.find(int(g)) for g in slots["dw", 0, 2].group} == residual
+    assert [{a.find(int(g)) for g in slots["bn_a", i, 0].group} for i in range(4)] == [residual] * 4
+    # after the Concatenate, e's 8 channels then f's 6; after Flatten, each spatial place
+    concat_rows = slots["after_concat", 0, 2]
+    assert len(concat_rows.group) == 14 and len(set(concat_rows.group[:8].tolist())) == 1
+    assert len(slots["hidden", 0, 0].group) == 5 * 5 * 5
+    x = RNG.normal(size=(2, 12, 12, 3)).astype("float32")
+    ratio = _same(model, _half(a), a, x)
+    assert ratio < 0.5, ratio
+    # keeping every channel rebuilds the same model
+    every = {g: np.arange(a.groups[g].size) for g in a.prunable()}
+    np.testing.assert_allclose(smaller(model, a, every)(x), model(x), atol=1e-6, rtol=0)
+
+
+def test_what_the_analysis_cannot_follow_is_left_whole_and_named():
+    x = keras.Input((8, 8, 4))
+    gate = L.Conv2D(6, 1, activation="sigmoid", name="gate")(x)  # 0.5 where masked
+    y = L.Conv2D(6, 3, name="reads_gate")(gate)
+    z = L.LayerNormalization(name="ln")(L.Conv2D(6, 1, name="normed")(y))
+    shared = L.Conv2D(6, 1, name="shared")
+    w = L.Add()([shared(z), shared(z)])
+    model = keras.Model(x, L.Conv2D(2, 1, name="out")(L.Conv2D(7, 1, name="free")(w)))
+    a = channel_groups(model)
+    pinned = {name: a.groups[g].pinned for g in a.roots() for name in a.groups[g].made_by}
+    assert pinned["gate"] == "not zero when masked where reads_gate reads it"
+    assert pinned["normed"] == "LayerNormalization ln (no rule)"
+    assert a.untouched == {
+        "ln": "LayerNormalization ln (no rule)",
+        "shared": "shared is called more than once",
+    }
+    assert pinned["reads_gate"] == "" and pinned["free"] == ""
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ResNet50", "MobileNetV2", "MobileNetV3Small", "EfficientNetB0", "DenseNet121"],
+)
+def test_keras_applications_rebuilt_without_half_of_each_group_equal_their_masked_selves(name):
+    """Residual streams (ResNet50, MobileNetV2), concatenations (DenseNet121), squeeze-and-
+    excitation and hard-swish (MobileNetV3Small, EfficientNetB0), at 32 px."""
+    build = getattr(keras.applications, name)
+    extra = {"include_preprocessing": False} if name == "MobileNetV3Small" else {}
+    model = _randomized(
+        build(weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None,
+              **extra)
+    )  # fmt: skip
+    a = channel_groups(model)
+    assert len(a.prunable()) >= 25
+    ratio = _same(model, _half(a), a, RNG.normal(size=(2, 32, 32, 3)).astype("float32"))
+    assert ratio < 0.35, ratio
