@@ -21,7 +21,7 @@ from models.spec import ATTENTION_KINDS, DataSpec
 
 class TransformerBlock(keras.layers.Layer):
     """Pre-LN block: x + Dropout(MHA(LN(x))), then x + Dropout(MLP(LN(x))) (GPT-2's residual
-    dropouts); 12h^2 + 13h parameters.
+    dropouts); 12h^2 + 13h parameters as built (key_dim h / heads, mlp_units 4h).
 
     Its layers are memory-limited (models/memory_limited.py): the norms keep only their
     input, GELU its input, the softmax its 16-bit output, so each layer keeps Korthikanti et
@@ -47,6 +47,8 @@ class TransformerBlock(keras.layers.Layer):
         causal=False,
         attention="standard",
         attention_block=128,
+        key_dim=None,
+        mlp_units=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -54,15 +56,18 @@ class TransformerBlock(keras.layers.Layer):
             raise ValueError(f"attention={attention!r}: expected one of {ATTENTION_KINDS}")
         self.h, self.heads, self.dropout, self.causal = h, heads, dropout, causal
         self.attention, self.attention_block = attention, attention_block
+        # A head's width and the MLP's (h / heads and 4h as built; fewer where structured
+        # pruning removed heads or hidden units: runner/channels/).
+        self.key_dim, self.mlp_units = key_dim or h // heads, mlp_units or 4 * h
         self.recompute_attention = False
         self.attn_norm = LayerNorm(epsilon=1e-5, name="attn_norm")
         self.attn = keras.layers.MultiHeadAttention(
-            num_heads=heads, key_dim=h // heads, dropout=dropout, name="attn"
+            num_heads=heads, key_dim=self.key_dim, dropout=dropout, name="attn"
         )
         self.attn_dropout = keras.layers.Dropout(dropout, name="attn_dropout")
         self.probs_seed = keras.random.SeedGenerator(name="probs_seed") if dropout > 0 else None
         self.mlp_norm = LayerNorm(epsilon=1e-5, name="mlp_norm")
-        self.mlp_up = keras.layers.Dense(4 * h, activation=gelu, name="mlp_up")
+        self.mlp_up = keras.layers.Dense(self.mlp_units, activation=gelu, name="mlp_up")
         self.mlp_down = keras.layers.Dense(h, name="mlp_down")
         self.mlp_dropout = keras.layers.Dropout(dropout, name="mlp_dropout")
 
@@ -72,7 +77,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attn.build(input_shape, input_shape)
         self.mlp_norm.build(input_shape)
         self.mlp_up.build(input_shape)
-        self.mlp_down.build((*input_shape[:-1], 4 * self.h))
+        self.mlp_down.build((*input_shape[:-1], self.mlp_units))
 
     def call(self, x, training=None):
         attn, y = self.attn, self.attn_norm(x)
@@ -104,8 +109,9 @@ class TransformerBlock(keras.layers.Layer):
         dataflow). Composed, they compute what call() computes (a test compares).
         """
         h, attn, p = self.h, self.attn, self.name + "/"
-        bsh = batch * seq * h
-        matmul = 2 * bsh * h + bsh  # one h x h projection with its bias
+        bs, inner, units = batch * seq, self.heads * self.key_dim, self.mlp_units
+        bsh = bs * h
+        project = 2 * bsh * inner + bs * inner  # h -> heads x key_dim, with its bias
 
         def row(name, kind, fn, inputs, output, owner=None, flops=None, kept=0):
             variables = owner.trainable_variables if owner is not None else []
@@ -117,7 +123,7 @@ class TransformerBlock(keras.layers.Layer):
         rows = [
             row("attn_norm", "LayerNorm", self.attn_norm, [x], p + "y", self.attn_norm),
             *(
-                row(f"attn_{n}", "EinsumDense", dense, [p + "y"], p + n, dense, matmul)
+                row(f"attn_{n}", "EinsumDense", dense, [p + "y"], p + n, dense, project)
                 for n, dense in (
                     ("query", attn._query_dense),
                     ("key", attn._key_dense),
@@ -132,7 +138,7 @@ class TransformerBlock(keras.layers.Layer):
                 [p + "context"],
                 p + "attended",
                 attn._output_dense,
-                matmul,
+                2 * bs * inner * h + bsh,
             ),
             dropout("attn_dropout", self.attn_dropout, [p + "attended"], p + "attn_out"),
             row("attn_residual", "Add", tf.add, [x, p + "attn_out"], p + "x1"),
@@ -144,7 +150,7 @@ class TransformerBlock(keras.layers.Layer):
                 [p + "y2"],
                 p + "up",
                 self.mlp_up,
-                4 * matmul,
+                2 * bsh * units + bs * units,
             ),
             row("mlp_gelu", "GELU", gelu, [p + "up"], p + "gelu"),
             row(
@@ -154,7 +160,7 @@ class TransformerBlock(keras.layers.Layer):
                 [p + "gelu"],
                 p + "down",
                 self.mlp_down,
-                4 * matmul - 3 * bsh,
+                2 * bs * units * h + bsh,
             ),
             dropout("mlp_dropout", self.mlp_dropout, [p + "down"], p + "mlp_out"),
             row("mlp_residual", "Add", tf.add, [p + "x1", p + "mlp_out"], out),
@@ -174,11 +180,12 @@ class TransformerBlock(keras.layers.Layer):
         softmax, dropout and product with V; or, chunked, one memory-limited row that keeps
         q, k, v (its readers' rule does not know the kind yet) and a float32 logsumexp per
         query and head."""
-        seed, flops = tf.constant([1, 2], tf.int32), 2 * seq * batch * seq * self.h
+        inner = self.heads * self.key_dim
+        seed, flops = tf.constant([1, 2], tf.int32), 2 * seq * batch * seq * inner
         qkv = [p + "query", p + "key", p + "value"]
         if self.attention == "chunked":
             width = tf.as_dtype(self.compute_dtype).size
-            block, kept = self.attention_block, batch * seq * (3 * self.h * width + 4 * self.heads)
+            block, kept = self.attention_block, batch * seq * (3 * inner * width + 4 * self.heads)
 
             def core(q, k, v):
                 return chunked_attention_core(q, k, v, seed, self.dropout, self.causal, block)
@@ -239,6 +246,7 @@ class TransformerBlock(keras.layers.Layer):
         config = super().get_config()
         config.update(h=self.h, heads=self.heads, dropout=self.dropout, causal=self.causal)
         config.update(attention=self.attention, attention_block=self.attention_block)
+        config.update(key_dim=self.key_dim, mlp_units=self.mlp_units)
         return config
 
 

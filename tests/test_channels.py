@@ -101,9 +101,9 @@ def test_what_the_analysis_cannot_follow_is_left_whole_and_named():
     a = channel_groups(model)
     pinned = {name: a.groups[g].pinned for g in a.roots() for name in a.groups[g].made_by}
     assert pinned["gate"] == "not zero when masked where reads_gate reads it"
-    assert pinned["normed"] == "LayerNormalization ln (no rule)"
+    assert pinned["normed"] == "ln normalises across the channels"
     assert a.untouched == {
-        "ln": "LayerNormalization ln (no rule)",
+        "ln": "ln normalises across the channels",
         "shared": "shared is called more than once",
     }
     assert pinned["reads_gate"] == "" and pinned["free"] == ""
@@ -126,3 +126,31 @@ def test_keras_applications_rebuilt_without_half_of_each_group_equal_their_maske
     assert len(a.prunable()) >= 25
     ratio = _same(model, _half(a), a, RNG.normal(size=(2, 32, 32, 3)).astype("float32"))
     assert ratio < 0.35, ratio
+
+
+def test_a_transformer_loses_whole_heads_and_mlp_units_and_keeps_its_residual_width():
+    """models/transformer.py at h=32, 4 heads, 2 blocks: each block's heads (query, key, value
+    and output projections together) and MLP units are groups; the residual width and the
+    embeddings stay whole (LayerNorm normalises across them), and nothing is left untouched."""
+    from models.spec import DataSpec
+    from models.transformer import build_transformer
+
+    spec = DataSpec("tokens", (16,), 11, per_token=True, vocab_size=11)
+    model = _randomized(build_transformer(spec, h=32, layers=2, heads=4))
+    a = channel_groups(model)
+    assert a.untouched == {} and set(a.blocks) == {"block_0", "block_1"}
+    sizes = sorted(a.groups[g].size for g in a.prunable())
+    assert sizes == [4, 4, 128, 128], sizes
+    kept = {g: np.sort(RNG.choice(a.groups[g].size, a.groups[g].size // 2, replace=False))
+            for g in a.prunable()}  # fmt: skip
+    x = RNG.integers(0, 11, size=(2, 16)).astype("int32")
+    ratio = _same(model, kept, a, x)
+    small = smaller(model, a, kept)
+    block = small.get_layer("block_0")
+    assert (block.heads, block.key_dim, block.mlp_units) == (2, 8, 64)
+    h, inner, units = 32, 2 * 8, 64  # 2 heads of 8, 64 hidden units left in each block
+    block = 3 * (h * inner + inner) + (inner * h + h) + 2 * 2 * h + (h * units + units)
+    block += units * h + h
+    rest = 11 * h + 16 * h + 2 * h + (h * 11 + 11)  # embeddings, the final norm, the head
+    assert small.count_params() == 2 * block + rest
+    assert ratio == pytest.approx((2 * block + rest) / (2 * (12 * h * h + 13 * h) + rest))

@@ -22,31 +22,18 @@ import keras
 import numpy as np
 
 from models.common import is_graph
-
-# Made channels (a new group per call): their output axis, and the weights indexed by it.
-CONV = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
-# Layers whose every channel goes through alone (space changes, channels do not).
-SPATIAL = (
-    keras.layers.MaxPooling1D, keras.layers.MaxPooling2D, keras.layers.MaxPooling3D,
-    keras.layers.AveragePooling1D, keras.layers.AveragePooling2D, keras.layers.AveragePooling3D,
-    keras.layers.GlobalAveragePooling1D, keras.layers.GlobalAveragePooling2D,
-    keras.layers.GlobalAveragePooling3D, keras.layers.GlobalMaxPooling1D,
-    keras.layers.GlobalMaxPooling2D, keras.layers.GlobalMaxPooling3D,
-    keras.layers.ZeroPadding1D, keras.layers.ZeroPadding2D, keras.layers.ZeroPadding3D,
-    keras.layers.Cropping1D, keras.layers.Cropping2D, keras.layers.Cropping3D,
-    keras.layers.UpSampling1D, keras.layers.UpSampling2D, keras.layers.UpSampling3D,
-    keras.layers.Dropout, keras.layers.SpatialDropout1D, keras.layers.SpatialDropout2D,
-    keras.layers.Identity,
-)  # fmt: skip
-# Element-wise merges: their inputs' channels are one another's.
-MERGE = (keras.layers.Add, keras.layers.Subtract, keras.layers.Average)
-# A product is zero where any input is: the gate of a squeeze-and-excitation block.
-PRODUCT = (keras.layers.Multiply,)
-# Per-channel functions (f applied to each element).
-ACTIVATION = (
-    keras.layers.Activation, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.ELU,
-    keras.layers.Rescaling,
-)  # fmt: skip
+from models.transformer import TransformerBlock
+from runner.channels.kinds import (
+    ACTIVATION,
+    CONV,
+    MERGE,
+    NORMS,
+    PRODUCT,
+    SPATIAL,
+    elementwise,
+    zero_at_zero,
+    zero_preserving,
+)
 
 
 @dataclass
@@ -77,6 +64,8 @@ class Analysis:
     untouched: dict[str, str] = field(default_factory=dict)  # layer name -> why left whole
     # layers whose config names the channel count (a Reshape's target): name -> its input's map
     widths: dict[str, tuple] = field(default_factory=dict)
+    # transformer blocks: name -> (the group of its heads, the group of its MLP's hidden units)
+    blocks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def find(self, g: int) -> int:
         while self.parent[g] != g:
@@ -135,46 +124,6 @@ class _Walk:
             big.pinned = big.pinned or small.pinned
 
 
-def _zero_preserving(activation) -> bool:
-    """Whether f(0) = 0, evaluated."""
-    if activation is None:
-        return True
-    value = activation(keras.ops.zeros((1,), "float32"))
-    return float(keras.ops.convert_to_numpy(value)[0]) == 0.0
-
-
-# Keras operations on tensors (x + 3.0, keras.ops.sigmoid(x)) that act element by element.
-BINARY_OPS = {"Add": "merge", "Subtract": "merge", "Maximum": "merge", "Minimum": "merge",
-              "Multiply": "product", "Divide": "", "TrueDivide": ""}  # fmt: skip
-UNARY_OPS = {
-    "Relu", "Relu6", "Sigmoid", "HardSigmoid", "Silu", "HardSilu", "Gelu", "Tanh", "Elu",
-    "Selu", "Softplus", "Softsign", "LeakyRelu", "Mish", "Negative", "Abs", "Square", "Exp",
-}  # fmt: skip
-
-
-def _elementwise(node) -> str:
-    """ "unary" for a Keras operation applied element by element to one tensor (a constant
-    beside it), "merge" or "product" for two tensors, "" otherwise."""
-    op = node.operation
-    if isinstance(op, keras.layers.Layer) or not type(op).__module__.startswith("keras.src.ops"):
-        return ""
-    name, tensors = type(op).__name__, len(node.arguments.keras_tensors)
-    if tensors == 1 and (name in UNARY_OPS or name in BINARY_OPS):
-        return "unary"
-    return BINARY_OPS.get(name, "") if tensors == 2 else ""
-
-
-def _zero_at_zero(node) -> bool:
-    """Whether the node's operation gives zeros where its tensors are zeros, evaluated."""
-    zeros = {
-        id(t): keras.ops.zeros([d or 1 for d in t.shape], t.dtype)
-        for t in node.arguments.keras_tensors
-    }
-    args, kwargs = node.arguments.fill_in(zeros)
-    out = keras.ops.convert_to_numpy(node.operation(*args, **kwargs))
-    return not np.any(out)
-
-
 def _nodes(model) -> list:
     """The model's calls of its layers, from the inputs on."""
     rows = [(depth, node) for depth, row in model._nodes_by_depth.items() for node in row]
@@ -198,8 +147,9 @@ def channel_groups(model) -> Analysis:
 
 
 def _last(axis, out) -> bool:
-    """Whether `axis` of the layer's output is its last, the channels."""
-    return axis in (-1, len(out.shape) - 1)
+    """Whether `axis` (or one of a list of them) is the layer's output's last, the channels."""
+    axes = axis if isinstance(axis, list | tuple) else [axis]
+    return any(a in (-1, len(out.shape) - 1) for a in axes)
 
 
 def _reads(w: _Walk, layer, t, weight, axis: int) -> None:
@@ -215,7 +165,7 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
     live = [w.live[id(t)] for t in ins]
     out = outs[0]
     if len(layer._inbound_nodes) > 1:  # shared weights: each call would slice them its way
-        _untouched(w, layer, maps, outs, f"{layer.name} is called more than once")
+        _untouched(w, layer, maps, outs, f"{layer.name} is called more than once", True)
         return
 
     def give(channel_map, alive: set) -> None:
@@ -227,12 +177,12 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
         w.slot(layer, layer.kernel, -1, made)
         if layer.use_bias:
             w.slot(layer, layer.bias, 0, made)
-        give(made, set() if _zero_preserving(layer.activation) else {int(made[0][0])})
+        give(made, set() if zero_preserving(layer.activation) else {int(made[0][0])})
     elif isinstance(layer, keras.layers.DepthwiseConv2D) and layer.depth_multiplier == 1:
         w.slot(layer, layer.kernel, -2, maps[0])
         if layer.use_bias:
             w.slot(layer, layer.bias, 0, maps[0])
-        alive = live[0] if _zero_preserving(layer.activation) else set(maps[0][0].tolist())
+        alive = live[0] if zero_preserving(layer.activation) else set(maps[0][0].tolist())
         give(maps[0], alive)
     elif isinstance(layer, keras.layers.BatchNormalization) and layer.axis in (
         -1,
@@ -245,14 +195,14 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
         give(maps[0], live[0] if not (layer.scale and layer.center) else set())
     elif isinstance(layer, SPATIAL):
         give(maps[0], live[0])
-    elif isinstance(layer, ACTIVATION) or _elementwise(node) == "unary":
-        zero = _zero_at_zero(node)
+    elif isinstance(layer, ACTIVATION) or elementwise(node) == "unary":
+        zero = zero_at_zero(node)
         give(maps[0], live[0] if zero else live[0] | set(maps[0][0].tolist()))
-    elif isinstance(layer, MERGE) or _elementwise(node) == "merge":
+    elif isinstance(layer, MERGE) or elementwise(node) == "merge":
         for other in maps[1:]:
             w.union(maps[0], other, f"{layer.name} merges channels that do not line up")
         give(maps[0], set().union(*live))
-    elif isinstance(layer, PRODUCT) or _elementwise(node) == "product":
+    elif isinstance(layer, PRODUCT) or elementwise(node) == "product":
         for other in maps[1:]:
             w.union(maps[0], other, f"{layer.name} multiplies channels that do not line up")
         give(maps[0], set.intersection(*live))
@@ -264,20 +214,51 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
     elif isinstance(layer, keras.layers.Flatten) and len(ins[0].shape) > 2:
         spatial = int(np.prod(ins[0].shape[1:-1]))  # channels last: position k x C + c
         give(tuple(np.tile(part, spatial) for part in maps[0]), live[0])
+    elif isinstance(layer, keras.layers.Embedding):
+        made = w.new(out.shape[-1], layer.name)  # its input is indices, not channels
+        w.slot(layer, layer.embeddings, 1, made)
+        give(made, set())
+    elif isinstance(layer, NORMS) and _last(getattr(layer, "axis", -1), out):
+        _untouched(w, layer, maps, outs, f"{layer.name} normalises across the channels")
+        give(maps[0], set())
+    elif isinstance(layer, TransformerBlock):
+        _block(w, layer, ins[0], out)
     else:
         _untouched(w, layer, maps, outs)
 
 
-def _untouched(w: _Walk, layer, maps: list, outs: list, why: str = "") -> None:
-    """A layer the analysis does not follow: its inputs' groups and its outputs stay whole."""
+def _block(w: _Walk, block, x, out) -> None:
+    """models/transformer.py's block: whole heads (query, key, value and output projections
+    together) and the MLP's hidden units are groups of their own; the residual width passes
+    through, whole (its LayerNorms normalise across it). A head masked to zero attends
+    uniformly over zero values: its context is zero."""
+    w.pin(set(w.maps[id(x)][0].tolist()), f"{block.name}'s LayerNorms normalise across it")
+    attn = block.attn
+    heads = w.new(block.heads, "")
+    for dense in (attn._query_dense, attn._key_dense, attn._value_dense):
+        w.slot(block, dense.kernel, 1, heads)
+        w.slot(block, dense.bias, 0, heads)
+    w.slot(block, attn._output_dense.kernel, 0, heads)
+    hidden = w.new(block.mlp_units, "")
+    w.slot(block, block.mlp_up.kernel, 1, hidden)
+    w.slot(block, block.mlp_up.bias, 0, hidden)
+    w.slot(block, block.mlp_down.kernel, 0, hidden)
+    w.a.blocks[block.name] = (int(heads[0][0]), int(hidden[0][0]))
+    w.maps[id(out)], w.live[id(out)] = w.maps[id(x)], set(w.live[id(x)])
+
+
+def _untouched(w: _Walk, layer, maps: list, outs: list, why: str = "", name=False) -> None:
+    """A layer the analysis does not follow: its inputs' groups and its outputs stay whole.
+    It is named where that keeps channels whole that could have gone (or `name`)."""
     why = why or (
         f"nested model {layer.name} (not followed)"
         if is_graph(layer)
         else f"{type(layer).__name__} {layer.name} (no rule)"
     )
-    w.a.untouched[layer.name] = why
-    for channel_map in maps:
-        w.pin(set(channel_map[0].tolist()), why)
+    groups = {w.a.find(int(g)) for channel_map in maps for g in channel_map[0]}
+    if name or is_graph(layer) or any(not w.a.groups[g].pinned for g in groups):
+        w.a.untouched[layer.name] = why  # named where it keeps channels whole that could go
+    w.pin(groups, why)
     for t in outs:
         w.maps[id(t)] = w.new(t.shape[-1], layer.name, why)
         w.live[id(t)] = set()

@@ -10,7 +10,8 @@ way to the same function: every position of a removed channel set to zero in the
 import keras
 import numpy as np
 
-from runner.channels.groups import CONV, Analysis
+from runner.channels.groups import Analysis
+from runner.channels.kinds import CONV
 
 
 def _gone(a: Analysis, groups: np.ndarray, index: np.ndarray, kept: dict) -> np.ndarray:
@@ -69,6 +70,11 @@ def smaller(model, a: Analysis, kept: dict[int, np.ndarray]):
             config["filters" if isinstance(layer, CONV) else "units"] = sizes[layer.name]
         if layer.name in widths:
             config["target_shape"] = (*config["target_shape"][:-1], widths[layer.name])
+        if layer.name in a.blocks:  # a transformer block: fewer heads of the same width
+            heads, hidden = (a.find(g) for g in a.blocks[layer.name])
+            config["key_dim"] = layer.key_dim
+            config["heads"] = len(kept.get(heads, range(layer.heads)))
+            config["mlp_units"] = len(kept.get(hidden, range(layer.mlp_units)))
         return type(layer).from_config(config)
 
     small = keras.models.clone_model(model, clone_function=rebuild)
