@@ -27,11 +27,14 @@ def _randomized(model):
 
 
 def _half(a) -> dict:
-    """Every group that may lose channels keeps a random half of them."""
-    return {
-        g: np.sort(RNG.choice(a.groups[g].size, max(1, a.groups[g].size // 2), replace=False))
-        for g in a.prunable()
-    }
+    """Every group that may lose channels keeps a random half of them (of its blocks)."""
+    kept = {}
+    for g in a.prunable():
+        block = a.groups[g].block
+        blocks = a.groups[g].size // block
+        chosen = RNG.choice(blocks, max(1, blocks // 2), replace=False)
+        kept[g] = np.sort((chosen[:, None] * block + np.arange(block)).ravel())
+    return kept
 
 
 def _same(model, kept, a, x, tol=1e-5) -> float:
@@ -154,3 +157,18 @@ def test_a_transformer_loses_whole_heads_and_mlp_units_and_keeps_its_residual_wi
     rest = 11 * h + 16 * h + 2 * h + (h * 11 + 11)  # embeddings, the final norm, the head
     assert small.count_params() == 2 * block + rest
     assert ratio == pytest.approx((2 * block + rest) / (2 * (12 * h * h + 13 * h) + rest))
+
+
+def test_a_group_norm_loses_whole_groups_of_its_channels():
+    """GroupNormalization(4) over 16 channels: its channel group loses aligned blocks of 4, the
+    layer keeps as many groups as blocks are left, and the statistics of the others stay."""
+    x = keras.Input((8, 8, 3))
+    y = L.GroupNormalization(4, name="gn")(L.Conv2D(16, 3, name="conv")(x))
+    y = L.Activation("gelu")(y)
+    model = _randomized(keras.Model(x, L.Dense(3)(L.GlobalAveragePooling2D()(y))))
+    a = channel_groups(model)
+    (conv,) = [a.groups[g] for g in a.prunable()]
+    assert conv.made_by == ["conv"] and conv.block == 4
+    kept = _half(a)
+    _same(model, kept, a, RNG.normal(size=(2, 8, 8, 3)).astype("float32"))
+    assert smaller(model, a, kept).get_layer("gn").groups == 2

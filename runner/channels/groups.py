@@ -16,6 +16,7 @@ model's input and outputs, and every layer kind not listed below, which is left 
 named in `untouched`.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import keras
@@ -43,6 +44,7 @@ class Group:
     size: int
     made_by: list[str] = field(default_factory=list)  # the layers whose outputs they are
     pinned: str = ""  # why none of them may be removed ("": they may)
+    block: int = 1  # removed in aligned blocks of this many (a GroupNormalization's groups)
 
 
 @dataclass
@@ -66,6 +68,8 @@ class Analysis:
     widths: dict[str, tuple] = field(default_factory=dict)
     # transformer blocks: name -> (the group of its heads, the group of its MLP's hidden units)
     blocks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # GroupNormalizations: name -> (the group it normalises, channels in one of its groups)
+    norm_groups: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def find(self, g: int) -> int:
         while self.parent[g] != g:
@@ -122,6 +126,7 @@ class _Walk:
             self.a.parent[rb] = ra
             big.made_by += small.made_by
             big.pinned = big.pinned or small.pinned
+            big.block = math.lcm(big.block, small.block)
 
 
 def _nodes(model) -> list:
@@ -221,10 +226,31 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
     elif isinstance(layer, NORMS) and _last(getattr(layer, "axis", -1), out):
         _untouched(w, layer, maps, outs, f"{layer.name} normalises across the channels")
         give(maps[0], set())
+    elif isinstance(layer, keras.layers.GroupNormalization) and _last(layer.axis, out):
+        _group_norm(w, layer, maps[0], live[0], out)
     elif isinstance(layer, TransformerBlock):
         _block(w, layer, ins[0], out)
     else:
         _untouched(w, layer, maps, outs)
+
+
+def _group_norm(w: _Walk, layer, channel_map, live: set, out) -> None:
+    """A GroupNormalization's statistics are its groups': a channel group loses whole ones
+    (aligned blocks of C / groups channels), so the others' statistics stay, and the layer
+    keeps as many groups as blocks are left. Gamma and beta zeroed: zero out."""
+    groups, index = channel_map
+    per, roots = len(index) // layer.groups, {w.a.find(int(g)) for g in groups}
+    if len(roots) == 1 and np.array_equal(index, np.arange(len(index))):
+        (root,) = roots
+        w.a.groups[root].block = math.lcm(w.a.groups[root].block, per)
+        w.a.norm_groups[layer.name] = (root, per)
+    else:
+        _untouched(w, layer, [channel_map], [out], f"{layer.name}'s groups span other groups")
+    for weight in (layer.gamma, layer.beta):
+        if weight is not None:
+            w.slot(layer, weight, 0, channel_map)
+    w.maps[id(out)] = channel_map
+    w.live[id(out)] = set() if layer.scale and layer.center else set(live)
 
 
 def _block(w: _Walk, block, x, out) -> None:

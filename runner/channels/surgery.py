@@ -70,6 +70,9 @@ def smaller(model, a: Analysis, kept: dict[int, np.ndarray]):
             config["filters" if isinstance(layer, CONV) else "units"] = sizes[layer.name]
         if layer.name in widths:
             config["target_shape"] = (*config["target_shape"][:-1], widths[layer.name])
+        if layer.name in a.norm_groups:  # as many groups as whole ones are left
+            root, per = a.norm_groups[layer.name]
+            config["groups"] = len(kept.get(a.find(root), range(per * layer.groups))) // per
         if layer.name in a.blocks:  # a transformer block: fewer heads of the same width
             heads, hidden = (a.find(g) for g in a.blocks[layer.name])
             config["key_dim"] = layer.key_dim
