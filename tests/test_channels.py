@@ -172,3 +172,21 @@ def test_a_group_norm_loses_whole_groups_of_its_channels():
     kept = _half(a)
     _same(model, kept, a, RNG.normal(size=(2, 8, 8, 3)).astype("float32"))
     assert smaller(model, a, kept).get_layer("gn").groups == 2
+
+
+def test_keras_attention_loses_whole_heads():
+    """keras.layers.MultiHeadAttention in a user's functional model, self-attention with a
+    residual: its heads are a group, its output joins the residual stream's producer."""
+    x = keras.Input((10, 6))
+    t = L.Dense(16, name="embed")(x)
+    attended = L.MultiHeadAttention(4, 8, name="mha")(t, t)
+    y = L.Dense(32, activation="gelu", name="up")(L.Add()([t, attended]))
+    model = _randomized(keras.Model(x, L.Dense(3, name="head")(L.GlobalAveragePooling1D()(y))))
+    a = channel_groups(model)
+    by_maker = {name: a.groups[g] for g in a.prunable() for name in a.groups[g].made_by}
+    assert sorted(by_maker["embed"].made_by) == ["embed", "mha"] and "up" in by_maker
+    assert sorted(a.groups[g].size for g in a.prunable()) == [4, 16, 32]
+    kept = _half(a)
+    _same(model, kept, a, RNG.normal(size=(2, 10, 6)).astype("float32"))
+    small = smaller(model, a, kept).get_layer("mha")
+    assert (small.num_heads, small.key_dim) == (2, 8)

@@ -12,18 +12,15 @@ masked: its producer's weights zeroed, an activation f(0) = 0 keeps it zero (f i
 0), a BatchNormalization with zeroed gamma and beta outputs zero, a product with a zero is zero.
 A channel that is not zero when masked (sigmoid(0) = 0.5) and reaches another layer's input
 rows pins its group. So do a normalisation across channels (LayerNormalization, Softmax), the
-model's input and outputs, and every layer kind not listed below, which is left whole and
-named in `untouched`.
+model's input and outputs, and every layer kind without a rule (kinds.py's lists, the
+rules below and composite.py's), which is left whole and named in `untouched`.
 """
-
-import math
-from dataclasses import dataclass, field
 
 import keras
 import numpy as np
 
-from models.common import is_graph
 from models.transformer import TransformerBlock
+from runner.channels.composite import attention, block, group_norm
 from runner.channels.kinds import (
     ACTIVATION,
     CONV,
@@ -35,98 +32,7 @@ from runner.channels.kinds import (
     zero_at_zero,
     zero_preserving,
 )
-
-
-@dataclass
-class Group:
-    """`size` channels removed together: entry j of each slot's index."""
-
-    size: int
-    made_by: list[str] = field(default_factory=list)  # the layers whose outputs they are
-    pinned: str = ""  # why none of them may be removed ("": they may)
-    block: int = 1  # removed in aligned blocks of this many (a GroupNormalization's groups)
-
-
-@dataclass
-class Slot:
-    """Positions along one axis of one weight: position p is channel index[p] of group[p]."""
-
-    layer: str
-    weight: int  # the index in layer.weights
-    axis: int
-    group: np.ndarray
-    index: np.ndarray
-
-
-@dataclass
-class Analysis:
-    groups: list[Group]
-    slots: list[Slot]
-    parent: list[int]  # union-find over the groups' ids
-    untouched: dict[str, str] = field(default_factory=dict)  # layer name -> why left whole
-    # layers whose config names the channel count (a Reshape's target): name -> its input's map
-    widths: dict[str, tuple] = field(default_factory=dict)
-    # transformer blocks: name -> (the group of its heads, the group of its MLP's hidden units)
-    blocks: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # GroupNormalizations: name -> (the group it normalises, channels in one of its groups)
-    norm_groups: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    def find(self, g: int) -> int:
-        while self.parent[g] != g:
-            self.parent[g] = self.parent[self.parent[g]]
-            g = self.parent[g]
-        return g
-
-    def roots(self) -> list[int]:
-        """The groups' ids after merging, in the order they were made."""
-        return [g for g in range(len(self.groups)) if self.find(g) == g]
-
-    def prunable(self) -> list[int]:
-        return [g for g in self.roots() if not self.groups[g].pinned]
-
-
-class _Walk:
-    """The state of one walk through the graph: the analysis, and each tensor's channel map
-    (group ids, indices) and the groups not zero when masked in it."""
-
-    def __init__(self):
-        self.a = Analysis([], [], [])
-        self.maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.live: dict[int, set[int]] = {}  # tensor -> groups whose masked channels are not 0
-
-    def new(self, size: int, made_by: str, pinned: str = "") -> tuple[np.ndarray, np.ndarray]:
-        g = len(self.a.groups)
-        self.a.groups.append(Group(size, [made_by] if made_by else [], pinned))
-        self.a.parent.append(g)
-        return np.full(size, g), np.arange(size)
-
-    def pin(self, groups, why: str) -> None:
-        for g in groups:
-            root = self.a.groups[self.a.find(int(g))]
-            root.pinned = root.pinned or why
-
-    def slot(self, layer, weight, axis: int, channel_map) -> None:
-        index = [id(w) for w in layer.weights].index(id(weight))
-        self.a.slots.append(Slot(layer.name, index, axis % len(weight.shape), *channel_map))
-
-    def union(self, one, two, why: str) -> None:
-        """The channels of `one` and `two` (maps) are the same channels, position by position."""
-        (g1, i1), (g2, i2) = one, two
-        if len(g1) != len(g2) or not np.array_equal(i1, i2):
-            self.pin({*g1, *g2}, why)
-            return
-        for a, b in {(int(x), int(y)) for x, y in zip(g1, g2, strict=True)}:
-            ra, rb = self.a.find(a), self.a.find(b)
-            if ra == rb:
-                continue
-            big, small = self.a.groups[ra], self.a.groups[rb]
-            if big.size != small.size:
-                self.pin({ra, rb}, why)
-                continue
-            self.a.parent[rb] = ra
-            big.made_by += small.made_by
-            big.pinned = big.pinned or small.pinned
-            big.block = math.lcm(big.block, small.block)
+from runner.channels.walk import Analysis, Walk, last, reads, untouched
 
 
 def _nodes(model) -> list:
@@ -138,7 +44,7 @@ def _nodes(model) -> list:
 
 def channel_groups(model) -> Analysis:
     """The channel groups of a functional `model` (module docstring)."""
-    w = _Walk()
+    w = Walk()
     for t in keras.tree.flatten(model.inputs):
         w.maps[id(t)] = w.new(t.shape[-1], "", "the model's input")
         w.live[id(t)] = set()
@@ -151,33 +57,20 @@ def channel_groups(model) -> Analysis:
     return w.a
 
 
-def _last(axis, out) -> bool:
-    """Whether `axis` (or one of a list of them) is the layer's output's last, the channels."""
-    axes = axis if isinstance(axis, list | tuple) else [axis]
-    return any(a in (-1, len(out.shape) - 1) for a in axes)
-
-
-def _reads(w: _Walk, layer, t, weight, axis: int) -> None:
-    """`layer` reads tensor t's channels along `axis` of `weight` (its input rows)."""
-    live = w.live[id(t)]
-    w.pin(live, f"not zero when masked where {layer.name} reads it")
-    w.slot(layer, weight, axis, w.maps[id(t)])
-
-
-def _step(w: _Walk, node, ins: list, outs: list) -> None:
+def _step(w: Walk, node, ins: list, outs: list) -> None:
     layer = node.operation
     maps = [w.maps[id(t)] for t in ins]
     live = [w.live[id(t)] for t in ins]
     out = outs[0]
     if len(layer._inbound_nodes) > 1:  # shared weights: each call would slice them its way
-        _untouched(w, layer, maps, outs, f"{layer.name} is called more than once", True)
+        untouched(w, layer, maps, outs, f"{layer.name} is called more than once", True)
         return
 
     def give(channel_map, alive: set) -> None:
         w.maps[id(out)], w.live[id(out)] = channel_map, set(alive)
 
     if isinstance(layer, CONV) and layer.groups == 1 or isinstance(layer, keras.layers.Dense):
-        _reads(w, layer, ins[0], layer.kernel, -2)
+        reads(w, layer, ins[0], layer.kernel, -2)
         made = w.new(out.shape[-1], layer.name)
         w.slot(layer, layer.kernel, -1, made)
         if layer.use_bias:
@@ -211,7 +104,7 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
         for other in maps[1:]:
             w.union(maps[0], other, f"{layer.name} multiplies channels that do not line up")
         give(maps[0], set.intersection(*live))
-    elif isinstance(layer, keras.layers.Concatenate) and _last(layer.axis, out):
+    elif isinstance(layer, keras.layers.Concatenate) and last(layer.axis, out):
         give(tuple(np.concatenate(parts) for parts in zip(*maps, strict=True)), set().union(*live))
     elif isinstance(layer, keras.layers.Reshape) and out.shape[-1] == ins[0].shape[-1]:
         w.a.widths[layer.name] = maps[0]  # the channel axis stays last: (1, 1, C) after pooling
@@ -223,68 +116,14 @@ def _step(w: _Walk, node, ins: list, outs: list) -> None:
         made = w.new(out.shape[-1], layer.name)  # its input is indices, not channels
         w.slot(layer, layer.embeddings, 1, made)
         give(made, set())
-    elif isinstance(layer, NORMS) and _last(getattr(layer, "axis", -1), out):
-        _untouched(w, layer, maps, outs, f"{layer.name} normalises across the channels")
+    elif isinstance(layer, NORMS) and last(getattr(layer, "axis", -1), out):
+        untouched(w, layer, maps, outs, f"{layer.name} normalises across the channels")
         give(maps[0], set())
-    elif isinstance(layer, keras.layers.GroupNormalization) and _last(layer.axis, out):
-        _group_norm(w, layer, maps[0], live[0], out)
+    elif isinstance(layer, keras.layers.GroupNormalization) and last(layer.axis, out):
+        group_norm(w, layer, maps[0], live[0], out)
     elif isinstance(layer, TransformerBlock):
-        _block(w, layer, ins[0], out)
+        block(w, layer, ins[0], out)
+    elif isinstance(layer, keras.layers.MultiHeadAttention):
+        attention(w, node, layer, out)
     else:
-        _untouched(w, layer, maps, outs)
-
-
-def _group_norm(w: _Walk, layer, channel_map, live: set, out) -> None:
-    """A GroupNormalization's statistics are its groups': a channel group loses whole ones
-    (aligned blocks of C / groups channels), so the others' statistics stay, and the layer
-    keeps as many groups as blocks are left. Gamma and beta zeroed: zero out."""
-    groups, index = channel_map
-    per, roots = len(index) // layer.groups, {w.a.find(int(g)) for g in groups}
-    if len(roots) == 1 and np.array_equal(index, np.arange(len(index))):
-        (root,) = roots
-        w.a.groups[root].block = math.lcm(w.a.groups[root].block, per)
-        w.a.norm_groups[layer.name] = (root, per)
-    else:
-        _untouched(w, layer, [channel_map], [out], f"{layer.name}'s groups span other groups")
-    for weight in (layer.gamma, layer.beta):
-        if weight is not None:
-            w.slot(layer, weight, 0, channel_map)
-    w.maps[id(out)] = channel_map
-    w.live[id(out)] = set() if layer.scale and layer.center else set(live)
-
-
-def _block(w: _Walk, block, x, out) -> None:
-    """models/transformer.py's block: whole heads (query, key, value and output projections
-    together) and the MLP's hidden units are groups of their own; the residual width passes
-    through, whole (its LayerNorms normalise across it). A head masked to zero attends
-    uniformly over zero values: its context is zero."""
-    w.pin(set(w.maps[id(x)][0].tolist()), f"{block.name}'s LayerNorms normalise across it")
-    attn = block.attn
-    heads = w.new(block.heads, "")
-    for dense in (attn._query_dense, attn._key_dense, attn._value_dense):
-        w.slot(block, dense.kernel, 1, heads)
-        w.slot(block, dense.bias, 0, heads)
-    w.slot(block, attn._output_dense.kernel, 0, heads)
-    hidden = w.new(block.mlp_units, "")
-    w.slot(block, block.mlp_up.kernel, 1, hidden)
-    w.slot(block, block.mlp_up.bias, 0, hidden)
-    w.slot(block, block.mlp_down.kernel, 0, hidden)
-    w.a.blocks[block.name] = (int(heads[0][0]), int(hidden[0][0]))
-    w.maps[id(out)], w.live[id(out)] = w.maps[id(x)], set(w.live[id(x)])
-
-
-def _untouched(w: _Walk, layer, maps: list, outs: list, why: str = "", name=False) -> None:
-    """A layer the analysis does not follow: its inputs' groups and its outputs stay whole.
-    It is named where that keeps channels whole that could have gone (or `name`)."""
-    why = why or (
-        f"nested model {layer.name} (not followed)"
-        if is_graph(layer)
-        else f"{type(layer).__name__} {layer.name} (no rule)"
-    )
-    groups = {w.a.find(int(g)) for channel_map in maps for g in channel_map[0]}
-    if name or is_graph(layer) or any(not w.a.groups[g].pinned for g in groups):
-        w.a.untouched[layer.name] = why  # named where it keeps channels whole that could go
-    w.pin(groups, why)
-    for t in outs:
-        w.maps[id(t)] = w.new(t.shape[-1], layer.name, why)
-        w.live[id(t)] = set()
+        untouched(w, layer, maps, outs)

@@ -10,8 +10,8 @@ way to the same function: every position of a removed channel set to zero in the
 import keras
 import numpy as np
 
-from runner.channels.groups import Analysis
 from runner.channels.kinds import CONV
+from runner.channels.walk import Analysis
 
 
 def _gone(a: Analysis, groups: np.ndarray, index: np.ndarray, kept: dict) -> np.ndarray:
@@ -67,7 +67,10 @@ def smaller(model, a: Analysis, kept: dict[int, np.ndarray]):
     def rebuild(layer):
         config = layer.get_config()
         if layer.name in sizes:
-            config["filters" if isinstance(layer, CONV) else "units"] = sizes[layer.name]
+            width = "units" if isinstance(layer, keras.layers.Dense) else "output_shape"
+            config["filters" if isinstance(layer, CONV) else width] = sizes[layer.name]
+        if layer.name in a.heads:  # keras MultiHeadAttention: fewer heads of the same width
+            config["num_heads"] = len(kept.get(a.find(a.heads[layer.name]), range(layer.num_heads)))
         if layer.name in widths:
             config["target_shape"] = (*config["target_shape"][:-1], widths[layer.name])
         if layer.name in a.norm_groups:  # as many groups as whole ones are left
