@@ -5,9 +5,10 @@ large model's with the same channels masked to zero."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from runner.channels.groups import channel_groups
-from runner.channels.surgery import masked, smaller
+from runner.channels.surgery import carry_optimizer, masked, smaller, zero_removed
 
 L = keras.layers
 RNG = np.random.default_rng(5)
@@ -190,3 +191,39 @@ def test_keras_attention_loses_whole_heads():
     _same(model, kept, a, RNG.normal(size=(2, 10, 6)).astype("float32"))
     small = smaller(model, a, kept).get_layer("mha")
     assert (small.num_heads, small.key_dim) == (2, 8)
+
+
+def test_training_goes_on_in_the_small_model_as_in_the_masked_large_one():
+    """Adam's moments sliced with the weights (carry_optimizer): a step of the small model
+    equals a step of the masked large model with its masks applied again after the update
+    (what a pruner does), on every kept weight. Without the slots' slicing the moments would
+    start again from zero, and the step would differ."""
+    model = _couplings()
+    a = channel_groups(model)
+    kept = _half(a)
+    x = RNG.normal(size=(4, 12, 12, 3)).astype("float32")
+    y = RNG.integers(0, 3, size=(4,))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def train(m, opt, steps):
+        for _ in range(steps):
+            with tf.GradientTape() as tape:
+                value = loss(y, m(x, training=False))
+            opt.apply(tape.gradient(value, m.trainable_variables), m.trainable_variables)
+
+    big = masked(model, a, kept)
+    adam = keras.optimizers.Adam(1e-2)
+    for _ in range(3):  # moments to carry; the masks again after each update
+        train(big, adam, 1)
+        zero_removed(big, a, kept)
+    small = smaller(big, a, kept)
+    carried = carry_optimizer(adam, big, small, a, kept)
+    assert int(carried.iterations) == 3
+    train(big, adam, 1)
+    zero_removed(big, a, kept)
+    train(small, carried, 1)
+    np.testing.assert_allclose(small(x), big(x), atol=1e-5, rtol=0)
+    fresh = keras.optimizers.Adam(1e-2)
+    again = smaller(masked(model, a, kept), a, kept)
+    train(again, fresh, 1)
+    assert np.abs(again(x) - small(x)).max() > 1e-3

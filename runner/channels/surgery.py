@@ -49,14 +49,20 @@ def masked(model, a: Analysis, kept: dict[int, np.ndarray]):
     """A copy of `model` with every position of a removed channel set to zero."""
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
+    zero_removed(copy, a, kept)
+    return copy
+
+
+def zero_removed(model, a: Analysis, kept: dict[int, np.ndarray]) -> None:
+    """Every position of a removed channel in `model`'s own weights set to zero (a pruner's
+    masks applied)."""
     for (name, weight, axis), gone in removed_positions(a, kept).items():
-        variable = copy.get_layer(name).weights[weight]
+        variable = model.get_layer(name).weights[weight]
         value = keras.ops.convert_to_numpy(variable).copy()
         where = [slice(None)] * value.ndim
         where[axis] = gone
         value[tuple(where)] = 0
         variable.assign(value)
-    return copy
 
 
 def smaller(model, a: Analysis, kept: dict[int, np.ndarray]):
@@ -87,9 +93,36 @@ def smaller(model, a: Analysis, kept: dict[int, np.ndarray]):
     gone = removed_positions(a, kept)
     for old, new in zip(model.layers, small.layers, strict=True):
         for i, (before, after) in enumerate(zip(old.weights, new.weights, strict=True)):
-            value = keras.ops.convert_to_numpy(before)
-            for (name, weight, axis), removed in gone.items():
-                if name == old.name and weight == i:
-                    value = np.take(value, np.flatnonzero(~removed), axis=axis)
-            after.assign(value)
+            after.assign(_kept(before, old.name, i, gone))
     return small
+
+
+def _kept(variable, name: str, index: int, gone: dict) -> np.ndarray:
+    """The value of weight `index` of layer `name` (or of an optimizer's slot of it) without
+    its removed positions."""
+    value = keras.ops.convert_to_numpy(variable)
+    for (layer, weight, axis), removed in gone.items():
+        if layer == name and weight == index:
+            value = np.take(value, np.flatnonzero(~removed), axis=axis)
+    return value
+
+
+def carry_optimizer(optimizer, model, small, a: Analysis, kept: dict[int, np.ndarray]):
+    """A new optimizer of `optimizer`'s kind and settings for `small` (smaller(model, ...)),
+    its state carried over: the step count, and each slot (Adam's moments) sliced as its
+    variable was. A slot is its variable's by name (Keras names it "<optimizer>/<variable's
+    path, / as _>_<slot>"); slots are listed in the variables' order in both."""
+    new = type(optimizer).from_config(optimizer.get_config())
+    new.build(small.trainable_variables)
+    owner = {}  # a slot's name prefix -> (layer name, weight index) of its variable
+    for layer in model.layers:
+        for i, w in enumerate(layer.weights):
+            owner.setdefault(f"{optimizer.name}/{w.path.replace('/', '_')}_", (layer.name, i))
+    gone = removed_positions(a, kept)
+    for before, after in zip(optimizer.variables, new.variables, strict=True):
+        if tuple(before.shape) == tuple(after.shape):
+            after.assign(before)
+            continue
+        (prefix,) = [p for p in owner if before.path.startswith(p)]
+        after.assign(_kept(before, *owner[prefix], gone))
+    return new
