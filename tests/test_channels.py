@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from runner.channels.groups import channel_groups
+from runner.channels.select import choose, kept_count, scores
 from runner.channels.surgery import carry_optimizer, masked, smaller, zero_removed
 
 L = keras.layers
@@ -227,3 +228,31 @@ def test_training_goes_on_in_the_small_model_as_in_the_masked_large_one():
     again = smaller(masked(model, a, kept), a, kept)
     train(again, fresh, 1)
     assert np.abs(again(x) - small(x)).max() > 1e-3
+
+
+def test_each_group_keeps_its_highest_scoring_channels_in_whole_units():
+    """l1 scores add a channel's |w| over every weight of its group; the count kept is the
+    nearest multiple of round_to channels (a head counts key_dim of them) and of a
+    GroupNormalization's blocks, at least one unit, all of them in a group of one unit."""
+    x = keras.Input((6, 6, 3))
+    y = L.Conv2D(32, 1, use_bias=False, name="wide")(x)
+    y = L.GroupNormalization(4, name="gn")(L.Conv2D(24, 1, name="grouped")(L.ReLU()(y)))
+    model = keras.Model(x, L.Dense(2)(L.GlobalAveragePooling2D()(L.Conv2D(6, 1, name="few")(y))))
+    wide = model.get_layer("wide").kernel
+    value = np.full(wide.shape, 0.01, "float32")
+    value[..., [3, 9, 30]] = 5.0  # three loud filters
+    wide.assign(value)
+    a = channel_groups(model)
+    by_maker = {a.groups[g].made_by[0]: g for g in a.prunable()}
+    element = {name: (lambda n, i: np.abs(keras.ops.convert_to_numpy(
+        model.get_layer(n).weights[i]))) for name in by_maker}["wide"]  # fmt: skip
+    score = scores(a, element)
+    assert set(np.argsort(-score[by_maker["wide"]])[:3]) == {3, 9, 30}
+    kept = choose(a, score, 0.5, 8)
+    assert {3, 9, 30} <= set(kept[by_maker["wide"]].tolist())
+    assert len(kept[by_maker["wide"]]) == 16  # 32 x 0.5, a multiple of 8
+    # 24 channels in GroupNormalization blocks of 6, counts a multiple of 8: lcm 24, all stay
+    assert len(kept[by_maker["grouped"]]) == 24
+    assert len(kept[by_maker["few"]]) == 6  # 6 channels, fewer than one unit of 8: all stay
+    assert kept_count(24, 0.5, 24) == 24 and kept_count(48, 0.5, 24) == 24
+    assert kept_count(40, 0.9, 8) == 8 and kept_count(40, 0.3, 8) == 24  # 28: 24, at least 30% go

@@ -32,6 +32,7 @@ def head_group(w: Walk, owner, attn) -> np.ndarray:
     kernels (d, heads, key_dim) and biases, and its output projection's kernel (heads, key_dim,
     out). A head masked to zero attends uniformly over zero values: its context is zero."""
     heads = w.new(attn.num_heads, "")
+    w.a.groups[int(heads[0][0])].width = attn._key_dim
     for dense in (attn._query_dense, attn._key_dense, attn._value_dense):
         w.slot(owner, dense.kernel, 1, heads)
         if dense.bias is not None:

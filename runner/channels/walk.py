@@ -18,6 +18,7 @@ class Group:
     made_by: list[str] = field(default_factory=list)  # the layers whose outputs they are
     pinned: str = ""  # why none of them may be removed ("": they may)
     block: int = 1  # removed in aligned blocks of this many (a GroupNormalization's groups)
+    width: int = 1  # channels one index stands for (a head: its key_dim)
 
 
 @dataclass
