@@ -23,11 +23,10 @@ def group_norm(w: Walk, layer, channel_map, live: set, out) -> None:
     for weight in (layer.gamma, layer.beta):
         if weight is not None:
             w.slot(layer, weight, 0, channel_map)
-    w.maps[id(out)] = channel_map
-    w.live[id(out)] = set() if layer.scale and layer.center else set(live)
+    w.give(out, channel_map, () if layer.scale and layer.center else live)
 
 
-def head_group(w: Walk, owner, attn) -> np.ndarray:
+def head_group(w: Walk, owner, attn) -> tuple[np.ndarray, np.ndarray]:
     """A MultiHeadAttention's whole heads as a group: its query, key and value projections'
     kernels (d, heads, key_dim) and biases, and its output projection's kernel (heads, key_dim,
     out). A head masked to zero attends uniformly over zero values: its context is zero."""
@@ -55,11 +54,8 @@ def attention(w: Walk, node, attn, out) -> None:
     ):
         reads(w, attn, t, dense.kernel, 0)
     w.a.heads[attn.name] = int(head_group(w, attn, attn)[0][0])
-    made = w.new(out.shape[-1], attn.name)
-    w.slot(attn, attn._output_dense.kernel, -1, made)
-    if attn._output_dense.bias is not None:
-        w.slot(attn, attn._output_dense.bias, 0, made)
-    w.maps[id(out)], w.live[id(out)] = made, set()
+    output = attn._output_dense
+    w.give(out, w.produce(attn, out.shape[-1], output.kernel, output.bias), ())
 
 
 def block(w: Walk, block, x, out) -> None:
@@ -74,4 +70,4 @@ def block(w: Walk, block, x, out) -> None:
     w.slot(block, block.mlp_up.bias, 0, hidden)
     w.slot(block, block.mlp_down.kernel, 0, hidden)
     w.a.blocks[block.name] = (int(made[0][0]), int(hidden[0][0]))
-    w.maps[id(out)], w.live[id(out)] = w.maps[id(x)], set(w.live[id(x)])
+    w.give(out, w.maps[id(x)], w.live[id(x)])

@@ -46,8 +46,7 @@ def channel_groups(model) -> Analysis:
     """The channel groups of a functional `model` (module docstring)."""
     w = Walk()
     for t in keras.tree.flatten(model.inputs):
-        w.maps[id(t)] = w.new(t.shape[-1], "", "the model's input")
-        w.live[id(t)] = set()
+        w.give(t, w.new(t.shape[-1], "", "the model's input"), ())
     for node in _nodes(model):
         ins = node.arguments.keras_tensors
         outs = keras.tree.flatten(node.outputs)
@@ -66,15 +65,12 @@ def _step(w: Walk, node, ins: list, outs: list) -> None:
         untouched(w, layer, maps, outs, f"{layer.name} is called more than once", True)
         return
 
-    def give(channel_map, alive: set) -> None:
-        w.maps[id(out)], w.live[id(out)] = channel_map, set(alive)
+    def give(channel_map, alive) -> None:
+        w.give(out, channel_map, alive)
 
     if isinstance(layer, CONV) and layer.groups == 1 or isinstance(layer, keras.layers.Dense):
         reads(w, layer, ins[0], layer.kernel, -2)
-        made = w.new(out.shape[-1], layer.name)
-        w.slot(layer, layer.kernel, -1, made)
-        if layer.use_bias:
-            w.slot(layer, layer.bias, 0, made)
+        made = w.produce(layer, out.shape[-1], layer.kernel, layer.bias)
         give(made, set() if zero_preserving(layer.activation) else {int(made[0][0])})
     elif isinstance(layer, keras.layers.DepthwiseConv2D) and layer.depth_multiplier == 1:
         w.slot(layer, layer.kernel, -2, maps[0])
@@ -82,10 +78,7 @@ def _step(w: Walk, node, ins: list, outs: list) -> None:
             w.slot(layer, layer.bias, 0, maps[0])
         alive = live[0] if zero_preserving(layer.activation) else set(maps[0][0].tolist())
         give(maps[0], alive)
-    elif isinstance(layer, keras.layers.BatchNormalization) and layer.axis in (
-        -1,
-        len(out.shape) - 1,
-    ):
+    elif isinstance(layer, keras.layers.BatchNormalization) and last(layer.axis, out):
         for weight in (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance):
             if weight is not None:
                 w.slot(layer, weight, 0, maps[0])

@@ -81,6 +81,19 @@ class Walk:
             root = self.a.groups[self.a.find(int(g))]
             root.pinned = root.pinned or why
 
+    def give(self, t, channel_map, live) -> None:
+        """Tensor t's channels are `channel_map`; `live`, the groups not zero in it when masked."""
+        self.maps[id(t)], self.live[id(t)] = channel_map, set(live)
+
+    def produce(self, layer, size: int, kernel, bias) -> tuple[np.ndarray, np.ndarray]:
+        """A new group of `size` channels that `layer` makes: its kernel's last axis and its
+        bias (None: none) index them."""
+        made = self.new(size, layer.name)
+        self.slot(layer, kernel, -1, made)
+        if bias is not None:
+            self.slot(layer, bias, 0, made)
+        return made
+
     def slot(self, layer, weight, axis: int, channel_map) -> None:
         index = [id(w) for w in layer.weights].index(id(weight))
         self.a.slots.append(Slot(layer.name, index, axis % len(weight.shape), *channel_map))
@@ -131,5 +144,4 @@ def untouched(w: Walk, layer, maps: list, outs: list, why: str = "", name=False)
         w.a.untouched[layer.name] = why  # named where it keeps channels whole that could go
     w.pin(groups, why)
     for t in outs:
-        w.maps[id(t)] = w.new(t.shape[-1], layer.name, why)
-        w.live[id(t)] = set()
+        w.give(t, w.new(t.shape[-1], layer.name, why), ())

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 
 
 def _start() -> None:
@@ -34,14 +35,11 @@ def in_fresh_process(
     task and no max_tasks_per_child: with it, the executor starts a replacement worker (which
     imports TensorFlow) when the first exits, and waits for it at shutdown (11.2 s a fresh
     process here, against 4.2 s without it)."""
-    saved = {name: os.environ.pop(name) for name in unset if name in os.environ}
-    try:
+    with _environment({name: None for name in unset}):
         spawn = multiprocessing.get_context("spawn")
         start = _start if tensorflow else None
         with ProcessPoolExecutor(1, spawn, initializer=start) as pool:
             return pool.submit(function, *args).result()
-    finally:
-        os.environ.update(saved)
 
 
 def in_fresh_processes(
@@ -51,13 +49,25 @@ def in_fresh_processes(
     once (spawned, TensorFlow imported first, as in_fresh_process), each taking the next task
     as it finishes one; the results in the tasks' order. `env`: variables the children start
     with beside this process's environment (this one's is as it was when they return)."""
-    saved = {name: os.environ.get(name) for name in env or {}}
-    os.environ.update(env or {})
-    try:
+    with _environment(env or {}):
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(processes, spawn, initializer=_start) as pool:
             futures = [pool.submit(function, *args) for args in tasks]
             return [f.result() for f in futures]
+
+
+@contextmanager
+def _environment(changes: dict[str, str | None]):
+    """This process's environment with `changes` (None: the variable unset) while the block
+    runs, for the children it starts; as it was afterwards."""
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
     finally:
         for name, value in saved.items():
             if value is None:

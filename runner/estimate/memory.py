@@ -250,7 +250,8 @@ def estimate_memory(
             f"checkpointing.policy={cfg.checkpointing.policy}: expected one of {CHECKPOINTING}"
         )
     # One float32 mask per pruned kernel, chosen as runner/techniques/pruning.py chooses them.
-    kernels = pruning.select_kernels(model, cfg.pruning) if cfg.pruning.schedule != "none" else []
+    schedule = schedule_of(cfg.pruning)
+    kernels = pruning.select_kernels(model, cfg.pruning) if schedule.prunes else []
     parts = held(model, optimizer, cfg, spec, kernels, on_gpu)
     step = None
     if planned is not None and not executor_rules.replicated(cfg):
@@ -266,8 +267,7 @@ def estimate_memory(
     own = sum(step.values())
     # What a choice step holds beyond the backward's moment (executor_rules.choice_bytes).
     threads = executor_rules.inter_op_threads()  # the masks' choices run at once
-    copies = schedule_of(cfg.pruning).choice_copies
-    choice = executor_rules.choice_bytes(kernels, copies, threads, cpu_xla) - own
+    choice = executor_rules.choice_bytes(kernels, schedule.choice_copies, threads, cpu_xla) - own
     # The allocator's rounding of a step without XLA (XLA's buffers are its plan's), and the
     # small tensors the job keeps in chunks of 256 bytes (small_tensors.py).
     waste = 0

@@ -9,13 +9,17 @@ tensors, as the data sources do (runner/data/).
 
 The clock is tensorflow-model-optimization 0.8.1's (file:line below are tensorflow_model_
 optimization/python/core/sparsity/keras/ there; tests/test_pruning_tfmot.py runs tfmot beside
-it). Step t is the t-th optimizer step, from 1, i.e. `optimizer.iterations + 1` as it starts.
-Masks are chosen at the start of step t if begin_step <= t <= end_step and
-(t - begin_step) % frequency == 0 (_should_prune_in_step, pruning_schedule.py:40-64): with
-begin_step 0 the first choice is at step `frequency`, after frequency - 1 trained steps. Ours
-adds end_step itself, so a schedule ends on its target when end_step - begin_step is not a
-multiple of frequency (tfmot stops short). A first choice at step 1 is refused: it would rank
-the initial weights, i.e. prune at random.
+it). Step t is the t-th optimizer step, from 1, i.e. `optimizer.iterations + 1` as it starts;
+the LR schedule reads the same counter. tfmot's wrapper adds 1 to its pruning_step (set to 0 by
+UpdatePruningStep.on_train_begin, pruning_callbacks.py:54-65) at the start of every training
+call, then runs conditional_mask_update with it (pruning_wrapper.py:289-314): its step t is
+ours. A float16 step skipped for overflow advances neither of our clocks. Masks are chosen
+at the start of step t if begin_step <= t <= end_step and (t - begin_step) % frequency == 0
+(_should_prune_in_step, pruning_schedule.py:40-64): with begin_step 0 the first choice is at
+step `frequency`, after frequency - 1 trained steps. Ours adds end_step itself, so a schedule
+ends on its target when end_step - begin_step is not a multiple of frequency (tfmot stops
+short). A first choice at step 1 is refused: it would rank the initial weights, i.e. prune at
+random.
 """
 
 import re
