@@ -244,6 +244,7 @@ def test_each_group_keeps_its_highest_scoring_channels_in_whole_units():
     wide.assign(value)
     a = channel_groups(model)
     by_maker = {a.groups[g].made_by[0]: g for g in a.prunable()}
+
     def l1(name, index):  # |w| of each element of a weight
         return np.abs(keras.ops.convert_to_numpy(model.get_layer(name).weights[index]))
 
