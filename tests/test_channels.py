@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from runner.channels.groups import channel_groups
-from runner.channels.select import choose, kept_count, scores
+from runner.channels.select import by_position, choose, kept_count, scores
 from runner.channels.surgery import carry_optimizer, masked, smaller, zero_removed
 
 L = keras.layers
@@ -248,7 +248,7 @@ def test_each_group_keeps_its_highest_scoring_channels_in_whole_units():
     def l1(name, index):  # |w| of each element of a weight
         return np.abs(keras.ops.convert_to_numpy(model.get_layer(name).weights[index]))
 
-    score = scores(a, l1)
+    score = scores(a, by_position(l1))
     assert set(np.argsort(-score[by_maker["wide"]])[:3]) == {3, 9, 30}
     kept = choose(a, score, 0.5, 8)
     assert {3, 9, 30} <= set(kept[by_maker["wide"]].tolist())

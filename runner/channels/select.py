@@ -15,21 +15,31 @@ import numpy as np
 
 from runner.channels.walk import Analysis
 
-IMPORTANCE = ("l1", "l2", "taylor")
+Position = Callable[[str, int, int], np.ndarray]  # (layer, weight, axis) -> a score each
 
 
-def scores(a: Analysis, element: Callable[[str, int], np.ndarray]) -> dict[int, np.ndarray]:
-    """Each prunable group's channel scores: `element(layer name, weight index)` is the
-    importance of every element of that weight (|w|, w^2, accumulated |w x g|)."""
+def scores(a: Analysis, position: Position) -> dict[int, np.ndarray]:
+    """Each prunable group's channel scores: `position(layer name, weight index, axis)` is the
+    importance of each position along that axis of that weight, summed over the others."""
     out = {g: np.zeros(a.groups[g].size) for g in a.prunable()}
     for s in a.slots:
-        value = element(s.layer, s.weight)
-        per_position = np.moveaxis(value, s.axis, 0).reshape(value.shape[s.axis], -1).sum(1)
+        per_position = position(s.layer, s.weight, s.axis)
         roots = np.array([a.find(int(g)) for g in s.group])
         for root in set(roots.tolist()) & out.keys():
             here = roots == root
             np.add.at(out[root], s.index[here], per_position[here])
     return out
+
+
+def by_position(element: Callable[[str, int], np.ndarray]) -> Position:
+    """Per-position scores from `element(layer name, weight index)`, the importance of every
+    element of that weight (|w|, w^2)."""
+
+    def position(layer: str, weight: int, axis: int) -> np.ndarray:
+        value = element(layer, weight)
+        return np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1).sum(1)
+
+    return position
 
 
 def kept_count(size: int, fraction: float, unit: int) -> int:

@@ -132,7 +132,11 @@ def _validate_trainer(cfg: DictConfig) -> None:
 def _validate_pruning(cfg: DictConfig) -> None:
     """The schedule's own checks (runner/schedules/), with the run's steps where they are given."""
     schedule = schedule_of(cfg.pruning)
-    schedule.check(cfg.trainer.max_steps if schedule.prunes else None)
+    schedule.check(cfg.trainer.max_steps)
+    if schedule.removes:  # the rebuilt model's variables are made outside a strategy's replicas
+        strategy = cfg.distribution.strategy
+        allowed = "pruning=structured with distribution=none (the rebuild is not distributed)"
+        _require(strategy == "none", "distribution.strategy", strategy, allowed)
 
 
 def _validate_accum_and_plan(cfg: DictConfig) -> None:

@@ -39,3 +39,35 @@ class History:
         """steady_peak of each local replica's allocator."""
         steady = self.replica_peaks[1:] or self.replica_peaks
         return [max(column) for column in zip(*steady, strict=True)]
+
+    def after(self, step: int) -> "History":
+        """The steps after optimizer step `step` (those of a model rebuilt after it), or this
+        history if fewer than two steps follow it: a first step alone is its tracing."""
+        cut = step + 1 - self.first_step
+        if len(self.losses) - cut < 2 or cut <= 0:
+            return self
+        kept = {
+            key: getattr(self, key)[cut:]
+            for key in ("losses", "wait_s", "compute_s", "current_bytes", "step_peaks")
+        }
+        return History(
+            **kept,
+            replica_peaks=self.replica_peaks[cut:],
+            evals=[(s, m) for s, m in self.evals if s > step],
+            skipped_steps=self.skipped_steps,
+            first_step=step + 1,
+        )
+
+    def before(self, step: int) -> "History":
+        """The steps up to optimizer step `step` (from the first)."""
+        cut = max(0, step + 1 - self.first_step)
+        return History(
+            losses=self.losses[:cut],
+            wait_s=self.wait_s[:cut],
+            compute_s=self.compute_s[:cut],
+            current_bytes=self.current_bytes[:cut],
+            step_peaks=self.step_peaks[:cut],
+            replica_peaks=self.replica_peaks[:cut],
+            evals=[(s, m) for s, m in self.evals if s <= step],
+            first_step=self.first_step,
+        )

@@ -14,7 +14,7 @@ from runner.track.tracker import Tracker
 _NOT_COMPARED = ("pruning.", "mlflow.", "trainer.progress", "trainer.save_model")
 
 
-def _dense_baseline(tracker: Tracker, val_accuracy: float) -> dict[str, float]:
+def dense_baseline(tracker: Tracker, val_accuracy: float) -> dict[str, float]:
     """The latest finished dense run of this experiment with the same params except pruning.*
     (same model, data, seed and steps): its val/accuracy beside this run's, if there is one.
     None is looked for while the tracking server is lost (Tracker.lost)."""
@@ -73,7 +73,7 @@ def pruning_figures(
         "prune/pruned_params": zeros,
         "prune/gzip_ratio": pruner.dense_gzip_bytes / gzip_weights_bytes(pruner.model),
     }
-    return {**figures, **_dense_baseline(tracker, history.evals[-1][1]["val/accuracy"])}
+    return {**figures, **dense_baseline(tracker, history.evals[-1][1]["val/accuracy"])}
 
 
 def pruning_summary(figures: dict) -> str:

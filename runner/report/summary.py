@@ -6,6 +6,7 @@ from runner.core.secrets import redact
 from runner.measure.history import History
 from runner.report.layer_report import summary_lines
 from runner.report.pruning import pruning_summary
+from runner.report.structured import structured_summary
 from runner.track.client import ui_hint
 from runner.track.tracker import WorkerTracker
 
@@ -60,6 +61,8 @@ def summary(cfg, tracker, outcome: Outcome) -> str:
     ]
     if "prune/sparsity" in figures:
         lines.append(pruning_summary(figures))
+    if "prune/params_ratio" in figures:
+        lines.append(structured_summary(figures))
     lines.append(
         f"  peak {figures['mem/peak_bytes'] / 2**20:.1f} MiB ({_estimate(figures, sources)}; "
         f"{_RESERVED_LABEL[sources['mem/reserved_source']]}"

@@ -60,14 +60,18 @@ class Polynomial(Magnitude):
         super().check(total_steps)
 
     def sparsity(self, step, total_steps: int):
-        import tensorflow as tf
+        initial, target = self.initial_sparsity, self.target_sparsity
+        return ramp(step, self.begin_step, self.end(total_steps), initial, target, self.power)
 
-        begin, end = self.begin_step, self.end(total_steps)
-        if end == begin:  # tfmot would divide by zero
-            return tf.constant(self.target_sparsity, tf.float32)
-        done = tf.minimum(1.0, tf.maximum(0.0, tf.cast(step - begin, tf.float32) / (end - begin)))
-        decay = (self.initial_sparsity - self.target_sparsity) * tf.pow(1 - done, self.power)
-        return decay + self.target_sparsity
+
+def ramp(step, begin: int, end: int, initial: float, target: float, power: float):
+    """Zhu & Gupta's polynomial from `initial` at begin to `target` at end, a float32 tensor."""
+    import tensorflow as tf
+
+    if end == begin:  # tfmot would divide by zero
+        return tf.constant(target, tf.float32)
+    done = tf.minimum(1.0, tf.maximum(0.0, tf.cast(step - begin, tf.float32) / (end - begin)))
+    return (initial - target) * tf.pow(1 - done, power) + target
 
 
 def magnitude_mask(scores, sparsity):

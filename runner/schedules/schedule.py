@@ -50,6 +50,7 @@ class Schedule:
 
     name: ClassVar[str] = ""
     choice_copies: ClassVar[int] = 0  # copies of a kernel a choice holds at once (see below)
+    removes: ClassVar[bool] = False  # channels removed from the model (structured.py)
 
     schedule: str = "none"
     include: list[str] = field(default_factory=list)

@@ -35,8 +35,9 @@ def make_train_step(
     strategy: a tf.distribute strategy (runner/techniques/distribution.py), whose replicas
     each take their part of every micro-batch: make_replicated_step.
 
-    after_update: optional callable traced in right after optimizer.apply (pruning's
-    Pruner.after_update, which reads optimizer.iterations). It runs once per optimizer step,
+    after_update: optional callable traced in right after optimizer.apply, given the step's
+    gradients and their variables (pruning's Pruner.after_update, which reads
+    optimizer.iterations; structured's taylor importance). It runs once per optimizer step,
     i.e. only after real updates when accum > 1; after an update skipped for float16 overflow
     it finds the weights and optimizer.iterations unchanged."""
     variables = model.trainable_variables
@@ -67,7 +68,7 @@ def make_train_step(
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
         optimizer.apply(grads, variables)
         if after_update is not None:
-            after_update()
+            after_update(grads, variables)
         return finite
 
     if strategy is not None:

@@ -137,9 +137,10 @@ class Pruner:
         ]
         self.dense_gzip_bytes = gzip_weights_bytes(model)  # as built, before any pruning
 
-    def after_update(self) -> None:
+    def after_update(self, grads=None, variables=None) -> None:
         """If the next step is a choice step, choose its masks from the updated weights; then
-        kernel <- kernel x mask. Run eagerly, or traced into the compiled step."""
+        kernel <- kernel x mask. Run eagerly, or traced into the compiled step (which passes
+        the step's gradients, not read here)."""
         step = tf.convert_to_tensor(self.optimizer.iterations) + 1  # the next step, from 1
         due = self.schedule.is_update_step(step, self.total_steps)
         tf.cond(due, lambda: self._choose_masks(step), lambda: None)

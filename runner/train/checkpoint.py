@@ -92,20 +92,25 @@ class TrainState:
         # (runner.techniques.distribution.WorkersStop); None: this process stops on its own.
         self.workers = None
         self.steps_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
+        self.rebind(model, optimizer, pruner)
+
+    def rebind(self, model, optimizer, pruner) -> None:
+        """What a checkpoint holds, from these objects on (a model rebuilt smaller by
+        pruning=structured: runner/train/removal.py)."""
         state = {
             # Lists of variables, in the order the job builds them: the model's include the
             # dropout seed generators' states and BatchNorm statistics, the optimizer's its
             # step counter, slots and loss scale.
             "model": list(model.variables),
             "optimizer": list(optimizer.variables),
-            "iterator": iterator,
+            "iterator": self.iterator,
             "steps_done": self.steps_done,
         }
         if pruner is not None:
-            state["masks"] = list(pruner.masks)
+            state["masks"] = [*pruner.masks, *getattr(pruner, "taylor", [])]
         self.checkpoint = tf.train.Checkpoint(**state)
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(run_dir / CHECKPOINTS), max_to_keep=2
+            self.checkpoint, str(self.run_dir / CHECKPOINTS), max_to_keep=2
         )
 
     def due(self, step: int) -> bool:

@@ -18,9 +18,11 @@ from omegaconf import DictConfig
 from runner.config.model import is_target
 from runner.core.errors import Interrupted
 from runner.feed.pipelines import Data
+from runner.schedules import schedule_of
 from runner.techniques import checkpointing, distribution, precision, pruning
 from runner.techniques.checkpointing import RematInfo
 from runner.techniques.pruning import Pruner
+from runner.techniques.structured import ChannelPruner
 from runner.track.tracker import Tracker
 from runner.train.checkpoint import TrainState
 from runner.train.optimizer import build_optimizer
@@ -59,7 +61,7 @@ class Built:
     trained: keras.Model  # what the step calls: checkpointing's wrapper, or model itself
     remat: RematInfo
     optimizer: keras.optimizers.Optimizer
-    pruner: Pruner | None
+    pruner: Pruner | ChannelPruner | None
     data: Data
     total_steps: int
 
@@ -91,7 +93,10 @@ def build(job: Job, data: Data) -> Built:
         )
         optimizer.build(trained.trainable_variables)
         # Shares the model's variables; steps on the optimizer's clock, as the LR schedule does.
-        pruner = pruning.build_pruner(model, cfg.pruning, total_steps, optimizer)
+        if schedule_of(cfg.pruning).removes:  # chosen between steps (runner/train/removal.py)
+            pruner = ChannelPruner(model, cfg.pruning, total_steps)
+        else:
+            pruner = pruning.build_pruner(model, cfg.pruning, total_steps, optimizer)
     return Built(model, trained, remat, optimizer, pruner, data, total_steps)
 
 

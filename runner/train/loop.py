@@ -39,6 +39,7 @@ class Steps:
     eval_every: int = 0
     progress: bool = True
     step_metrics: Callable[[], dict] | None = None
+    after_step: Callable[[int], None] | None = None  # after a step's figures, before evaluation
 
 
 def evaluate(eval_step, data: Data, max_batches: int | None) -> dict[str, float]:
@@ -99,6 +100,8 @@ def train(steps: Steps, tracker, mem: Memory, state: TrainState | None = None) -
             if not math.isfinite(loss):
                 # The last checkpoint stays the last one: this step's state is not saved.
                 raise NonFiniteLoss(loss, step, _all_finite(finite))
+            if steps.after_step is not None:  # pruning=structured's choices and removal
+                steps.after_step(step)
             if (steps.eval_every and step % steps.eval_every == 0) or step == steps.total:
                 metrics = steps.evaluate()
                 history.evals.append((step, metrics))

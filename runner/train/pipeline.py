@@ -30,9 +30,10 @@ from runner.measure.telemetry import Memory, replica_memory
 from runner.report import figures as report
 from runner.report import layer_report
 from runner.report import pruning as pruning_report
+from runner.report.structured import structured_figures
 from runner.report.summary import Outcome, summary
 from runner.techniques import distribution, precision
-from runner.techniques.accumulation import make_train_step
+from runner.techniques.structured import ChannelPruner
 from runner.track import rundir
 from runner.track.commit import source_tags
 from runner.track.datasets import Tap, log_datasets
@@ -41,10 +42,12 @@ from runner.track.model import input_example, keep_model
 from runner.track.tracker import WorkerTracker
 from runner.train import batchnorm, device
 from runner.train.checkpoint import keep_restorable
+from runner.train.compiled import Compiled
 from runner.train.faults import training_fault
 from runner.train.job import Built, Job, build, train_state
 from runner.train.loop import Steps, evaluate, train
-from runner.train.optimizer import make_eval_step, resolve_jit
+from runner.train.optimizer import resolve_jit
+from runner.train.removal import Removal, marker, resume_removed
 from runner.train.signals import StopOnSignal
 
 
@@ -69,24 +72,24 @@ def _setup(cfg, tracker, run_dir: Path, stop, point, overrides: list[str]) -> Jo
 def _train(job: Job, built: Built, state, first: int, mem: Memory, tap: Tap) -> History:
     """The compiled steps around the readable loop from optimizer step `first`; evaluation and
     the loss scale as hooks, pruning's masks chosen and applied inside the step, right after
-    each update. Under a strategy each replica takes its part of every micro-batch, and every
-    worker evaluates the whole validation split."""
+    each update (structured pruning's chosen between steps, and its removal: removal.py).
+    Under a strategy each replica takes its part of every micro-batch, and every worker
+    evaluates the whole validation split."""
     cfg, st = job.cfg, job.strategy
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    eval_step = make_eval_step(built.trained, loss_fn, job.jit)
-    after_update = built.pruner.after_update if built.pruner else None
-    step = make_train_step(
-        built.trained, built.optimizer, loss_fn, cfg.accum, job.jit, after_update, st
+    compiled = Compiled(job, built)
+    removal = (
+        Removal(job, built, state, compiled) if isinstance(built.pruner, ChannelPruner) else None
     )
     steps = Steps(
-        train_step=step,
-        evaluate=lambda: _evaluate(cfg, built, eval_step),
+        train_step=compiled.train,
+        evaluate=lambda: _evaluate(cfg, built, compiled.eval_step),
         batches=distribution.feed(st, tap, cfg.data.batch_size) if st else tap,
         total=built.total_steps,
         first=first,
         eval_every=cfg.trainer.eval_every,
         progress=cfg.trainer.progress,
-        step_metrics=precision.step_metrics(built.optimizer),
+        step_metrics=compiled.step_metrics,
+        after_step=removal.after_step if removal else None,
     )
     return train(steps, job.tracker, mem, state)
 
@@ -133,6 +136,8 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     data = build_data(cfg, takes_images(cfg), job.replicas, measure=True)
     built = build(job, data)
     _note(notes, batchnorm.accum_note(cfg, built.model))
+    if job.resuming and isinstance(built.pruner, ChannelPruner):
+        resume_removed(job, built)  # a checkpoint of the smaller model: its structure first
     state = train_state(job, built)
     tap = Tap(state.iterator)  # the training split's digest, from the batches it trains on
     first = 1
@@ -161,8 +166,12 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
         raise fault from None
     updates = built.total_steps * cfg.accum  # micro-batches: BatchNorm updates once for each
     _note(notes, batchnorm.short_run_note(cfg, built.model, updates))
+    structured = isinstance(built.pruner, ChannelPruner)
+    marked = marker(job) if structured else None
+    # After a removal the run's figures are the smaller model's steps (the earlier ones: prune/)
+    measured = history.after(marked["step"]) if marked else history
     facts = report.RunFacts(
-        built.model, built.optimizer, data.spec, history, build_peak, job.device_name, job.jit,
+        built.model, built.optimizer, data.spec, measured, build_peak, job.device_name, job.jit,
         built.remat, mem, job.replicas, built.trained,
     )  # fmt: skip
     figures, sources = report.collect(cfg, facts)
@@ -172,7 +181,10 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     replica_figures, replica_tags = distribution.replica_figures(st, history, figures, chief)
     figures.update(replica_figures)
     sources.update(replica_tags)
-    figures.update(pruning_report.pruning_figures(built.pruner, tracker, job.run_dir, history))
+    if structured:
+        figures.update(structured_figures(built.pruner, tracker, history, marked, data.spec))
+    else:
+        figures.update(pruning_report.pruning_figures(built.pruner, tracker, job.run_dir, history))
     layer_figures, table = _profile(job, built, sources)
     figures.update(layer_figures)
     report.publish(tracker, figures, history, job.run_dir, tracker.run_name, sources)
