@@ -258,3 +258,4 @@ def test_each_group_keeps_its_highest_scoring_channels_in_whole_units():
     assert len(kept[by_maker["few"]]) == 6  # 6 channels, fewer than one unit of 8: all stay
     assert kept_count(24, 0.5, 24) == 24 and kept_count(48, 0.5, 24) == 24
     assert kept_count(40, 0.9, 8) == 8 and kept_count(40, 0.3, 8) == 24  # 28: 24, at least 30% go
+    assert kept_count(12, 0.0, 8) == 12  # nothing to go: all stay, though not a multiple of 8

@@ -109,6 +109,26 @@ BAD_PRUNING = [
     (["pruning.begin_step=50", "pruning.end_step=10"], "pruning.end_step=10", ">= begin_step"),
     (["pruning.begin_step=201"], "pruning.begin_step=201", "<= 200"),
     (["pruning.include=['mlp_(']"], "pruning.include=mlp_(", "regular expressions"),
+    # pruning=structured: its own keys, checked before TensorFlow loads
+    (
+        ["pruning=structured", "pruning.target_fraction=1.0"],
+        "pruning.target_fraction=1.0",
+        "[0, 1)",
+    ),
+    (
+        ["pruning=structured", "pruning.target_fraction=-0.5"],
+        "pruning.target_fraction=-0.5",
+        "[0, 1)",
+    ),
+    (["pruning=structured", "pruning.round_to=0"], "pruning.round_to=0", "an integer >= 1"),
+    (["pruning=structured", "pruning.importance=l3"], "pruning.importance=l3", "l1, l2, taylor"),
+    (["pruning=structured", "pruning.end_step=300"], "pruning.end_step=300", "<= 200"),
+    (["pruning=structured", "pruning.regrow=true"], "pruning.regrow=True", "false"),
+    (
+        ["pruning=structured", "distribution=mirrored"],
+        "distribution.strategy=mirrored",
+        "pruning=structured with distribution=none",
+    ),
 ]
 
 

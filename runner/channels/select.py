@@ -45,8 +45,8 @@ def by_position(element: Callable[[str, int], np.ndarray]) -> Position:
 def kept_count(size: int, fraction: float, unit: int) -> int:
     """How many of `size` channels stay at `fraction` removed: the largest multiple of `unit`
     within size x (1 - fraction), so at least the fraction goes, and at least one unit; all of
-    them where a group has no more than one unit."""
-    if size <= unit:
+    them where a group has no more than one unit, or at fraction 0 (nothing is to go)."""
+    if size <= unit or fraction <= 0:
         return size
     return min(size, max(unit, unit * math.floor(size * (1 - fraction) / unit + 1e-9)))
 

@@ -136,6 +136,7 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
     data = build_data(cfg, takes_images(cfg), job.replicas, measure=True)
     built = build(job, data)
     _note(notes, batchnorm.accum_note(cfg, built.model))
+    params_total = built.trained.count_params()  # as built (a resume may rebuild it smaller)
     if job.resuming and isinstance(built.pruner, ChannelPruner):
         resume_removed(job, built)  # a checkpoint of the smaller model: its structure first
     state = train_state(job, built)
@@ -152,7 +153,7 @@ def _job(job: Job, notes: list[str]) -> tuple[dict, dict, History, list]:
         {
             "effective_batch_size": cfg.data.batch_size * cfg.accum * job.replicas,
             "replicas": job.replicas,
-            "params_total": built.trained.count_params(),
+            "params_total": params_total,
             "total_steps": built.total_steps,
             "remat/policy": built.remat.policy,
         }

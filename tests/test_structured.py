@@ -1,0 +1,196 @@
+"""pruning=structured (runner/techniques/structured.py, runner/train/removal.py): whole channels
+masked on the schedule's clock, the model rebuilt without them after end_step, and the run
+going on in the smaller model, across a kill and a resume too."""
+
+import signal
+import time
+
+import keras
+import mlflow
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from models.transformer import TransformerBlock
+from runner.core.errors import ConfigError
+from runner.feed.pipelines import build_data
+from runner.techniques.structured import ChannelPruner
+from runner.train import run
+from tests.conftest import run_cli, tiny_overrides
+from tests.test_channels import _couplings, _randomized
+from tests.test_resume import _start, final_state
+
+RNG = np.random.default_rng(51)
+
+
+def _pruner(model, total_steps: int = 6, **keys) -> ChannelPruner:
+    p = {"schedule": "structured", "begin_step": 0, "end_step": 4, "frequency": 2}
+    p |= {"include": [], "exclude": [], **keys}
+    return ChannelPruner(model, OmegaConf.create(p), total_steps)
+
+
+def _adam(model):
+    adam = keras.optimizers.Adam()
+    adam.build(model.trainable_variables)
+    return adam
+
+
+def test_the_masks_take_whole_channels_and_the_removed_model_equals_the_masked_one():
+    """Choices at steps 2 and 4 on the polynomial ramp (0.4375, then 0.5 of each group); the
+    rebuilt model computes what the masked large model computes (a wrong slice of any weight
+    along any group's axis shows here), with fewer parameters."""
+    model = _randomized(_couplings())
+    x = RNG.normal(size=(2, 12, 12, 3)).astype("float32")
+    dense = np.asarray(model(x, training=False))
+    pruner = _pruner(model)
+    assert [pruner.choose(t) for t in (2, 3, 4)] == [True, False, True]
+    assert pruner.choices == [(2, pytest.approx(0.4375)), (4, 0.5)]
+    masked = np.asarray(model(x, training=False))
+    assert np.abs(masked - dense).max() > 1e-3  # the masks changed what it computes
+    small, carried = pruner.remove(_adam(model))
+    np.testing.assert_allclose(small(x, training=False), masked, atol=1e-5, rtol=0)
+    assert small.count_params() < 0.6 * model.count_params()
+    assert len(carried.variables) == len(_adam(small).variables)
+    for g, k in pruner.kept.items():  # half of each, in multiples of 8; 8 or fewer: all
+        size = pruner.analysis.groups[g].size
+        assert len(k) == (size if size <= 8 else max(8, 8 * (size // 2 // 8))), size
+    assert any(len(k) < pruner.analysis.groups[g].size for g, k in pruner.kept.items())
+
+
+def test_at_fraction_zero_the_rebuilt_model_is_the_model():
+    model = _randomized(_couplings())
+    x = RNG.normal(size=(2, 12, 12, 3)).astype("float32")
+    pruner = _pruner(model, target_fraction=0.0)
+    pruner.choose(2)
+    pruner.choose(4)
+    small, _ = pruner.remove(_adam(model))
+    assert small.count_params() == model.count_params()
+    np.testing.assert_allclose(small(x, training=False), model(x, training=False), atol=1e-6)
+
+
+def test_include_chooses_groups_by_their_layers_and_a_subclassed_model_is_refused():
+    model = _couplings()
+    only = _pruner(model, include=["^a$"])
+    assert [model_made for g in only.groups for model_made in only.analysis.groups[g].made_by]
+    assert all("a" in only.analysis.groups[g].made_by for g in only.groups)
+    with pytest.raises(ConfigError) as err:
+        _pruner(model, include=["^nothing$"])
+    assert str(err.value).startswith("pruning.include=['^nothing$']")
+
+    class Own(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(4)
+
+        def call(self, x):
+            return self.dense(x)
+
+    own = Own()
+    own(np.zeros((1, 3), "float32"))
+    with pytest.raises(ConfigError) as err:
+        _pruner(own)
+    assert "a subclassed model" in str(err.value)
+
+
+def _val_loss(model, cfg) -> float:
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    total = count = 0.0
+    for x, y in build_data(cfg, False).val:
+        total += float(loss_fn(y, model(x, training=False))) * np.size(y)
+        count += np.size(y)
+    return total / count
+
+
+# The tiny transformer (tests/conftest.py) with 4 heads of 8 and 128 MLP units: 50% of them
+# leaves whole heads (round_to 8 = one head) and 64 units.
+JOB = ["model.h=32", "model.heads=4", "data.train_samples=64"]
+
+
+def test_a_structured_run_trains_keeps_and_reports_the_smaller_model(tiny_cfg, store, capsys):
+    """taylor importance through the compiled step; after the removal at step 8 the run's
+    figures, its estimate and its kept model are the smaller model's, whose validation loss
+    is the run's; before and after are logged apart."""
+    cfg = tiny_cfg(
+        "transformer", *JOB, "trainer.max_steps=12", "trainer.save_model=true",
+        "pruning=structured", "pruning.importance=taylor", "pruning.frequency=3",
+        "pruning.end_step=8",
+    )  # fmt: skip
+    result = run(cfg)
+    out = capsys.readouterr().out
+    client = MlflowClient(store)
+    mlrun = client.get_run(result["run_id"])
+    m = mlrun.data.metrics
+    assert "removed 50% of 2 channel groups at step 8: params 0." in out
+    assert m["prune/groups_reduced"] == 2  # heads 4 -> 2, MLP units 128 -> 64
+    # Per layer 12h^2 + 13h at full width. Half the heads: the q, k, v and output kernels lose
+    # 2h^2 and the q, k, v biases 3h/2; half the MLP's 4h units: 4h^2 weights and 2h biases.
+    h = 32
+    assert m["prune/params_before"] - m["prune/params_after"] == 6 * h * h + 3.5 * h
+    assert m["prune/params_after"] == m["params/total"]
+    assert m["prune/flops_ratio"] < 0.8 and m["prune/fine_tune_steps"] == 4
+    assert m["prune/before/steps"] == 8 and m["prune/after/steps"] == 4
+    assert m["mem/estimate/masks_bytes"] == 0
+    assert mlrun.data.tags["prune/untouched"] == "none"
+    # The large model's variables are freed at the removal (runner/train/compiled.py): what
+    # stays allocated between steps falls.
+    resting = {
+        x.step: x.value for x in client.get_metric_history(mlrun.info.run_id, "mem/current_bytes")
+    }
+    assert resting[12] < resting[8] - 20_000  # measured 44 KB less; 500 KB more if not freed
+    choices = client.get_metric_history(result["run_id"], "prune/scheduled_fraction")
+    assert [x.step for x in choices] == [3, 6, 8]
+    mlflow.set_tracking_uri(store)
+    try:
+        kept = mlflow.keras.load_model(
+            f"runs:/{result['run_id']}/model", custom_objects={"TransformerBlock": TransformerBlock}
+        )
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert kept.count_params() == m["prune/params_after"]
+    assert _val_loss(kept, cfg) == pytest.approx(result["val/loss"], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_removal_resumes_into_the_smaller_model(tmp_path, store):
+    """Killed once a checkpoint after the removal (step 9) is written, the run resumes from it
+    into the smaller model and ends bitwise equal to the same job run whole."""
+    job = [
+        *tiny_overrides("transformer", store),
+        *JOB,
+        "trainer.max_steps=300",  # about 2 s of steps after the checkpoint the kill waits for
+        "trainer.checkpoint_every=3",
+        "trainer.deterministic=true",
+        "model.dropout=0.1",  # the dropout seed generators' states must be restored too
+        "pruning=structured",
+        "pruning.frequency=3",
+        "pruning.end_step=9",
+    ]
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    killed = _start([*job, f"hydra.run.dir={killed_dir}"], tmp_path)
+    whole = _start([*job, f"hydra.run.dir={whole_dir}"], tmp_path)  # beside it: 2 cores
+    index = killed_dir / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + 300
+    while killed.poll() is None and time.monotonic() < deadline:
+        if index.exists() and '"ckpt-12"' in index.read_text():
+            break
+        time.sleep(0.005)
+    killed.kill()
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert (killed_dir / "channels_removed.json").exists()
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-3000:]
+    resumed = run_cli([f"trainer.resume={killed_dir}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    start = int(resumed.stdout.split("resumed after optimizer step ")[1].split()[0])
+    assert start >= 12
+    expected, got = final_state(whole_dir), final_state(killed_dir)
+    assert expected.keys() == got.keys() and len(got) > 10
+    different = [n for n in expected if not np.array_equal(expected[n], got[n])]
+    assert not different, different
+    client = MlflowClient(store)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("tfmemlab").experiment_id],
+        f"tags.resumed_from_step = '{start}'",
+    )
+    assert run.data.metrics["prune/params_ratio"] < 0.8  # from the marker the removal wrote
