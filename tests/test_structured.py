@@ -154,7 +154,8 @@ def test_a_structured_run_trains_keeps_and_reports_the_smaller_model(tiny_cfg, s
 @pytest.mark.slow
 def test_a_run_killed_after_its_removal_resumes_into_the_smaller_model(tmp_path, store):
     """Killed once a checkpoint after the removal (step 9) is written, the run resumes from it
-    into the smaller model and ends bitwise equal to the same job run whole."""
+    into the smaller model and ends bitwise equal to the same job run whole, with accumulation,
+    float16 loss scaling and checkpointing rebuilt around the smaller model."""
     job = [
         *tiny_overrides("transformer", store),
         *JOB,
@@ -165,6 +166,11 @@ def test_a_run_killed_after_its_removal_resumes_into_the_smaller_model(tmp_path,
         "pruning=structured",
         "pruning.frequency=3",
         "pruning.end_step=9",
+        # rebuilt across the removal: the accumulating step, the loss-scaled optimizer's state
+        # and checkpointing's wrapper
+        "accum=2",
+        "precision=mixed",
+        "checkpointing=every",
     ]
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
     killed = _start([*job, f"hydra.run.dir={killed_dir}"], tmp_path)

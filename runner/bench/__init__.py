@@ -15,6 +15,7 @@
     python -m runner.bench attention --core  # ... the attention core alone, against s
     python -m runner.bench ui                # the MLflow UI's memory, as printed vs plain
     python -m runner.bench deploy            # pruning and int8 where the model runs (LiteRT)
+    python -m runner.bench structured        # channels removed vs weights zeroed vs dense
 
 Targets are checked here, by ratios of figures measured in the same run, not by timed unit
 tests. Extra Hydra overrides after the name apply to every job of the benchmark.

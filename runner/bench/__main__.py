@@ -21,6 +21,7 @@ BENCHES = (
     "attention",
     "ui",
     "deploy",
+    "structured",
 )
 
 

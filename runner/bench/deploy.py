@@ -68,14 +68,14 @@ def _jobs(steps: int | None) -> dict[str, list[str]]:
     }
 
 
-def _files(run_dir: Path) -> dict[str, Path]:
+def files_of(run_dir: Path) -> dict[str, Path]:
     """The job's variants as files: the SavedModel's folder and each .tflite."""
     folder = run_dir / "deploy"
     files = {"saved_model": folder / "saved_model"} if (folder / "saved_model").is_dir() else {}
     return {**files, **{p.stem: p for p in sorted(folder.glob("*.tflite"))}}
 
 
-def _zeros(tflite: Path, batch: int, into: Path) -> Path:
+def zeros_input(tflite: Path, batch: int, into: Path) -> Path:
     """Zeros of the model's input shape and dtype, `batch` of them, saved to `into`."""
     from ai_edge_litert.interpreter import Interpreter
 
@@ -84,7 +84,7 @@ def _zeros(tflite: Path, batch: int, into: Path) -> Path:
     return into
 
 
-def _time_side_by_side(files: dict[tuple, Path], inputs: dict[str, Path], n: int) -> dict:
+def time_side_by_side(files: dict[tuple, Path], inputs: dict[str, Path], n: int) -> dict:
     """Every file timed in `n` rounds, round-robin (runner/deploy/rounds.py); per (job,
     variant), its row (medians and per-round latencies), or why it could not be timed."""
     settings = {"threads": len(os.sched_getaffinity(0)), "batch_size": 32}
@@ -102,7 +102,7 @@ def _time_side_by_side(files: dict[tuple, Path], inputs: dict[str, Path], n: int
     return {k: v if isinstance(v, str) else rounds.combine(v) for k, v in measured.items()}
 
 
-def _latency(rows: dict, key: tuple, base: tuple, figure: str) -> Ratio | None:
+def latency(rows: dict, key: tuple, base: tuple, figure: str) -> Ratio | None:
     """row `key`'s `figure` over row `base`'s: the ratio of their medians, with its interval
     paired by round; None when either was not timed."""
     row, ref = rows.get(key), rows.get(base)
@@ -112,7 +112,7 @@ def _latency(rows: dict, key: tuple, base: tuple, figure: str) -> Ratio | None:
     return Ratio(row[figure] / ref[figure], interval)
 
 
-def _shown(ratio: Ratio | None) -> str:
+def shown(ratio: Ratio | None) -> str:
     """`0.67x [0.63, 0.70]` (`within noise` when the interval holds 1), or `-`."""
     if ratio is None:
         return "-"
@@ -142,8 +142,8 @@ def _table(model: str, timed: dict, figures: dict) -> str:
             "file/dense_f32": f("file_bytes") / dense["deploy/float32/file_bytes"],
             "gzip/dense_f32_gzip": f("file_gzip_bytes") / dense["deploy/float32/file_gzip_bytes"],
             "b1_p50_ms": row["latency_b1_p50_ms"] if isinstance(row, dict) else None,
-            "b1/dense_f32": _shown(_latency(timed, (job, variant), base, "latency_b1_p50_ms")),
-            "b32/dense_f32": _shown(_latency(timed, (job, variant), base, "latency_batch_p50_ms")),
+            "b1/dense_f32": shown(latency(timed, (job, variant), base, "latency_b1_p50_ms")),
+            "b32/dense_f32": shown(latency(timed, (job, variant), base, "latency_batch_p50_ms")),
             "RSS_MiB": mib(f("rss_growth_bytes")) if f("rss_growth_bytes") is not None else None,
             "val_acc": f("val_accuracy"),
             "agreement": f("agreement"),
@@ -181,11 +181,11 @@ def _targets(figures: dict, timed: dict) -> list[str]:
             f"{m['deploy/keras/val_accuracy']:.4f} (within 2 points)",
         ))  # fmt: skip
     base, key = ("transformer dense", "float32"), ("transformer dense", "dynamic_int8")
-    ratio = _latency(timed, key, base, "latency_b1_p50_ms")
+    ratio = latency(timed, key, base, "latency_b1_p50_ms")
     if ratio is not None:
         lines.append(
             f"{verdict([(ratio, 0.7)])}: transformer dynamic_int8 batch-1 latency "
-            f"{_shown(ratio)} float32 (<= 0.7x, taken on the "
+            f"{shown(ratio)} float32 (<= 0.7x, taken on the "
             "interval's far end)"
         )
     for model, int8 in (("mobilenet", "int8"), ("transformer", "dynamic_int8")):
@@ -220,14 +220,16 @@ def main(extra: list[str]) -> dict:
             for name, result in results.items():
                 run = client.get_run(result["run_id"])
                 figures[name] = run.data.metrics
-                for variant, path in _files(Path(run.data.tags["run_dir"])).items():
+                for variant, path in files_of(Path(run.data.tags["run_dir"])).items():
                     files[(name, variant)] = path
             inputs = {
-                model: _zeros(files[(f"{model} dense", "float32")], 32, Path(tmp) / f"{model}.npy")
+                model: zeros_input(
+                    files[(f"{model} dense", "float32")], 32, Path(tmp) / f"{model}.npy"
+                )
                 for model in MODELS
             }
             print(f"\ntiming {len(files)} files side by side, {n} rounds", flush=True)
-            timed = _time_side_by_side(files, inputs, n)
+            timed = time_side_by_side(files, inputs, n)
         finally:
             os.chdir(here)
     for model in MODELS:

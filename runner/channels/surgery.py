@@ -111,18 +111,20 @@ def carry_optimizer(optimizer, model, small, a: Analysis, kept: dict[int, np.nda
     """A new optimizer of `optimizer`'s kind and settings for `small` (smaller(model, ...)),
     its state carried over: the step count, and each slot (Adam's moments) sliced as its
     variable was. A slot is its variable's by name (Keras names it "<optimizer>/<variable's
-    path, / as _>_<slot>"); slots are listed in the variables' order in both."""
+    path, / as _>_<slot>", the optimizer a LossScaleOptimizer's inner one); slots are listed in
+    the variables' order in both."""
     new = type(optimizer).from_config(optimizer.get_config())
     new.build(small.trainable_variables)
-    owner = {}  # a slot's name prefix -> (layer name, weight index) of its variable
+    owner = {}  # a slot's name after its optimizer's -> (layer name, weight index) of its variable
     for layer in model.layers:
         for i, w in enumerate(layer.weights):
-            owner.setdefault(f"{optimizer.name}/{w.path.replace('/', '_')}_", (layer.name, i))
+            owner.setdefault(f"{w.path.replace('/', '_')}_", (layer.name, i))
     gone = removed_positions(a, kept)
     for before, after in zip(optimizer.variables, new.variables, strict=True):
         if tuple(before.shape) == tuple(after.shape):
             after.assign(before)
             continue
-        (prefix,) = [p for p in owner if before.path.startswith(p)]
+        name = before.path.split("/", 1)[-1]
+        prefix = max((p for p in owner if name.startswith(p)), key=len)  # dense_1_ over dense_
         after.assign(_kept(before, *owner[prefix], gone))
     return new

@@ -175,8 +175,9 @@ def _transformer_formed(model, optimizer, cfg, spec, p: int) -> dict:
     """The shipped transformer's step without XLA: its closed form (transformer_form.py)."""
     every = _gradient_bytes(model.trainable_variables, optimizer, cfg, False)
     alive = _gradients_alive(model.trainable_variables, optimizer, cfg, spec, every)
+    widths = transformer_form.widths(cfg.model, model)  # as built: pruning may narrow it
     kept, workspace, gradients = transformer_form.activations(
-        cfg, spec, p, attention_block(cfg, spec), alive
+        cfg, spec, p, attention_block(cfg, spec), alive, widths
     )
     return {"gradients": gradients, "activations": kept, "workspace": workspace}
 

@@ -5,14 +5,53 @@ them at the step's three candidate peaks: the loss, the last layer's MLP backwar
 attention core's backward."""
 
 import math
+from dataclasses import dataclass
 
 from runner.estimate import chunked_core
 from runner.estimate.calibration import CORE_WORKSPACE
 from runner.techniques.checkpointing import segment_length
 
 
+@dataclass(frozen=True)
+class Widths:
+    """A transformer's widths: h the residual stream, `heads` of key_dim each, mlp_units the
+    MLP's hidden width (h / heads and 4h as configured; fewer where pruning=structured
+    removed heads or units)."""
+
+    h: int
+    heads: int
+    key_dim: int
+    mlp_units: int
+    layers: int
+    dropout: float
+
+
+def widths(m, model=None) -> Widths:
+    """cfg.model `m`'s widths, or, given the model, its blocks' as built (the widest of each,
+    where blocks differ)."""
+    blocks = [
+        layer
+        for layer in (model.layers if model is not None else [])
+        if hasattr(layer, "mlp_units")
+    ]
+    if not blocks:
+        return Widths(m.h, m.heads, m.h // m.heads, 4 * m.h, m.layers, m.dropout)
+    heads = max(block.heads for block in blocks)
+    key_dim = max(block.key_dim for block in blocks)
+    units = max(block.mlp_units for block in blocks)
+    return Widths(m.h, heads, key_dim, units, len(blocks), m.dropout)
+
+
 def layer_bytes(
-    s: int, b: int, h: int, a: int, p: int, dropout: float, block: int | None = None
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    p: int,
+    dropout: float,
+    block: int | None = None,
+    attention: int | None = None,
+    units: int | None = None,
 ) -> int:
     """Activations one transformer layer keeps for backward (Korthikanti et al. 2022, Sec. 4.1).
 
@@ -25,12 +64,16 @@ def layer_bytes(
                  with dropout its mask sbh (bytes)
       2 LNs:     their inputs 2sbh
     => 16sbh + as^2b elements, plus (dropout > 0) 2sbh + as^2b mask bytes and as^2b elements;
-    at p = 2 with dropout this is exactly 34sbh + 5as^2b. models/transformer.py's block keeps
-    exactly these (its layers are memory-limited: models/memory_limited.py). A chunked core
-    (block: its keys per block) keeps a float32 logsumexp in place of the as^2b terms.
+    at p = 2 with dropout this is exactly 34sbh + 5as^2b. Q, K, V and the output projection's
+    input are `attention` = heads x key_dim wide (h as built), the MLP's GELU and second
+    linear inputs `units` wide (4h): 4sbh + 4sb x attention + 2sb x units elements in all.
+    models/transformer.py's block keeps exactly these (its layers are memory-limited:
+    models/memory_limited.py). A chunked core (block: its keys per block) keeps a float32
+    logsumexp in place of the as^2b terms.
     """
-    sbh = s * b * h
-    total = 16 * sbh * p + attention_core_bytes(s, b, a, p, dropout, block)
+    sbh, attention, units = s * b * h, attention or h, units or 4 * h
+    elements = 4 * sbh + 4 * s * b * attention + 2 * s * b * units
+    total = elements * p + attention_core_bytes(s, b, a, p, dropout, block)
     if dropout > 0:
         total += 2 * sbh
     return total
@@ -62,22 +105,26 @@ def core_workspace(s, b, h, a, p, dropout, block=None) -> int:
     return int(per_score * a * s * s * b)
 
 
-def mlp_workspace(sbh: int, p: int) -> int:
-    """Bytes GELU's backward holds beside its input, over the 4h-wide activation (read off the
-    allocator's traces of the drawn transformers at their peaks in an MLP's backward): in
-    float32 the output gradient and two float32 products (48sbh bytes); at 16 bits the
-    output gradient, float32 copies of it and of the input, and one float32 product (56sbh)."""
-    return 48 * sbh if p == 4 else 56 * sbh
+def mlp_workspace(sbh: int, p: int, wide: int | None = None) -> int:
+    """Bytes GELU's backward holds beside its input, over the MLP's hidden activation of `wide`
+    = s x b x units elements (4sbh as built; read off the allocator's traces of the drawn
+    transformers at their peaks in an MLP's backward): in float32 the output gradient and two
+    float32 products (12 bytes an element, 48sbh); at 16 bits the output gradient, float32
+    copies of it and of the input, and one float32 product (14 bytes, 56sbh)."""
+    wide = wide or 4 * sbh
+    return 12 * wide if p == 4 else 14 * wide
 
 
-def mlp_bytes(sbh: int, p: int, dropout: float) -> int:
+def mlp_bytes(sbh: int, p: int, dropout: float, wide: int | None = None) -> int:
     """What a layer keeps for its MLP half: the norm's input, the first linear's input, GELU's
-    input and the second linear's input (10sbh elements), and with dropout the two residual
-    dropouts' masks (sbh bytes each): all freed once the backward has passed the MLP."""
-    return 10 * sbh * p + (2 * sbh if dropout > 0 else 0)
+    input and the second linear's input (2sbh + 2 x wide elements, 10sbh as built), and with
+    dropout the two residual dropouts' masks (sbh bytes each): all freed once the backward
+    has passed the MLP."""
+    wide = wide or 4 * sbh
+    return (2 * sbh + 2 * wide) * p + (2 * sbh if dropout > 0 else 0)
 
 
-def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
+def kept(cfg, spec, p: int, block: int | None, w: Widths | None = None) -> dict[str, int]:
     """What a transformer's step keeps without XLA (Korthikanti et al. 2022's accounting, per
     checkpointing policy), in bytes: "forward", kept when the forward pass ends (the layers'
     activations, or only the segments' inputs under recomputation); "backward", kept while
@@ -86,10 +133,11 @@ def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
     "head", the float32 gradient the cross-entropy computes with its loss (measured: 1.00x
     the logits, whose buffer it is; the logits are not kept); "head_backward", the logits
     layer's float32 input and kernel gradients. The embedding output and the final norm's
-    output are in both."""
-    s, b, m = spec.seq_len, cfg.data.batch_size, cfg.model
+    output are in both. w: the model's widths (default: cfg.model's)."""
+    s, b, m = spec.seq_len, cfg.data.batch_size, w or widths(cfg.model)
     policy = cfg.checkpointing.policy
-    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block)
+    attention = m.heads * m.key_dim
+    layer = layer_bytes(s, b, m.h, m.heads, p, m.dropout, block, attention, m.mlp_units)
     first = layer  # kept while the first layer's backward runs: its own activations
     if policy == "none" or (policy == "selective" and block):  # a chunked core is not rebuilt
         forward = backward = m.layers * layer
@@ -119,7 +167,12 @@ def kept(cfg, spec, p: int, block: int | None) -> dict[str, int]:
 
 
 def activations(
-    cfg, spec, p: int, block: int | None, grads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    cfg,
+    spec,
+    p: int,
+    block: int | None,
+    grads: tuple[int, int, int, int] = (0, 0, 0, 0),
+    w: Widths | None = None,
 ) -> tuple[int, int, int]:
     """(activations, workspace, gradients) at the step's peak without XLA: the largest of its
     moments. grads: the float32 weight gradients alive at the loss, while the last layer's
@@ -141,12 +194,14 @@ def activations(
     at random (seeds 29 and 31, jit_compile=false), the head's buffer was freed before the
     first layer's backward peaked in every one; summing it with that peak had read up to
     1.6x the measured step (a 1-layer model with 2,546 classes under `blocks`)."""
-    held, m = kept(cfg, spec, p, block), cfg.model
+    m = w or widths(cfg.model)
+    held = kept(cfg, spec, p, block, m)
     s, b = spec.seq_len, cfg.data.batch_size
-    sbh = s * b * m.h
-    core = core_workspace(s, b, m.h, m.heads, p, m.dropout, block)
-    freed = mlp_bytes(sbh, p, m.dropout) if block else 0
-    mlp_ws = mlp_workspace(sbh, p)
+    sbh, wide = s * b * m.h, s * b * m.mlp_units
+    # the core sees Q, K and V: heads x key_dim wide (h as built)
+    core = core_workspace(s, b, m.heads * m.key_dim, m.heads, p, m.dropout, block)
+    freed = mlp_bytes(sbh, p, m.dropout, wide) if block else 0
+    mlp_ws = mlp_workspace(sbh, p, wide)
     loss, last, first, end = grads
     moments = [
         (held["forward"] + held["head"], held["head_backward"], loss),

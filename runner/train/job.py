@@ -80,8 +80,12 @@ def build(job: Job, data: Data) -> Built:
     when there is one: their variables are then mirrored on every replica)."""
     cfg = job.cfg
     total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
+    structured = schedule_of(cfg.pruning).removes
     with job.scope():
         model = build_model(cfg.model, data.spec)
+        # Its channel groups are read from the model's own graph, before checkpointing's
+        # segments call its layers again (runner/train/removal.py rebuilds them after a removal).
+        pruner = ChannelPruner(model, cfg.pruning, total_steps) if structured else None
         trained, remat = checkpointing.apply(
             model, cfg.checkpointing.policy, cfg.checkpointing.every
         )
@@ -93,9 +97,7 @@ def build(job: Job, data: Data) -> Built:
         )
         optimizer.build(trained.trainable_variables)
         # Shares the model's variables; steps on the optimizer's clock, as the LR schedule does.
-        if schedule_of(cfg.pruning).removes:  # chosen between steps (runner/train/removal.py)
-            pruner = ChannelPruner(model, cfg.pruning, total_steps)
-        else:
+        if not structured:
             pruner = pruning.build_pruner(model, cfg.pruning, total_steps, optimizer)
     return Built(model, trained, remat, optimizer, pruner, data, total_steps)
 
