@@ -172,13 +172,12 @@ def _walked(model, optimizer, cfg, spec, p: int, cpu_xla: bool, remat, on_gpu: b
 
 
 def _transformer_formed(model, optimizer, cfg, spec, p: int) -> dict:
-    """The shipped transformer's step without XLA: its closed form (transformer_form.py)."""
+    """The shipped transformer's step without XLA: its closed form (transformer_form.py), at
+    its widths as built (pruning=structured narrows them)."""
     every = _gradient_bytes(model.trainable_variables, optimizer, cfg, False)
     alive = _gradients_alive(model.trainable_variables, optimizer, cfg, spec, every)
-    widths = transformer_form.widths(cfg.model, model)  # as built: pruning may narrow it
-    kept, workspace, gradients = transformer_form.activations(
-        cfg, spec, p, attention_block(cfg, spec), alive, widths
-    )
+    widths, block = transformer_form.widths(cfg.model, model), attention_block(cfg, spec)
+    kept, workspace, gradients = transformer_form.activations(cfg, spec, p, block, alive, widths)
     return {"gradients": gradients, "activations": kept, "workspace": workspace}
 
 

@@ -193,3 +193,17 @@ def log_config(tracker: Tracker, cfg: DictConfig, overrides: list[str]) -> None:
     tracker.log_params(flatten(resolved))
     tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
     tracker.log_text(redact("\n".join(overrides) + "\n"), "overrides.txt")
+
+
+def say_if_lost(tracker, run_dir: Path) -> None:
+    """After a run: where its figures are if the tracking server stopped answering during it,
+    and the command that sends them once it is back."""
+    if tracker.lost is not None:
+        print(
+            f"tfmemlab: the MLflow server stopped answering during this run "
+            f"({redact(str(tracker.lost))}). "
+            f"Its figures are in {run_dir / 'metrics.json'}, and what MLflow did not get in "
+            f"{tracker.pending_path}; once the server is back, send them with:\n"
+            f"  python -m runner.track.upload {run_dir}",
+            flush=True,
+        )

@@ -37,7 +37,7 @@ from runner.techniques.structured import ChannelPruner
 from runner.track import rundir
 from runner.track.commit import source_tags
 from runner.track.datasets import Tap, log_datasets
-from runner.track.lifecycle import log_config, mlflow_run
+from runner.track.lifecycle import log_config, mlflow_run, say_if_lost
 from runner.track.model import input_example, keep_model
 from runner.track.tracker import WorkerTracker
 from runner.train import batchnorm, device
@@ -284,20 +284,8 @@ def run(cfg: DictConfig, tags: dict | None = None, plan: dict | None = None) -> 
         text = summary(cfg, tracker, outcome)
         tracker.set_tags({"mlflow.note.content": text})
     print(text)
-    _say_if_lost(tracker, run_dir)
+    say_if_lost(tracker, run_dir)
     return _result(tracker, history, figures, sources, table)
-
-
-def _say_if_lost(tracker, run_dir: Path) -> None:
-    if tracker.lost is not None:
-        print(
-            f"tfmemlab: the MLflow server stopped answering during this run "
-            f"({redact(str(tracker.lost))}). "
-            f"Its figures are in {run_dir / 'metrics.json'}, and what MLflow did not get in "
-            f"{tracker.pending_path}; once the server is back, send them with:\n"
-            f"  python -m runner.track.upload {run_dir}",
-            flush=True,
-        )
 
 
 def _result(tracker, history: History, figures: dict, sources: dict, table: list) -> dict:
