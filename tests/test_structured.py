@@ -3,21 +3,26 @@ masked on the schedule's clock, the model rebuilt without them after end_step, a
 going on in the smaller model, across a kill and a resume too."""
 
 import signal
+import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import keras
 import mlflow
 import numpy as np
 import pytest
+import tensorflow as tf
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from models.transformer import TransformerBlock
-from runner.core.errors import ConfigError
+from runner.config import compose_config
+from runner.core.errors import ConfigError, ModelError
 from runner.feed.pipelines import build_data
 from runner.techniques.structured import ChannelPruner
 from runner.train import run
-from tests.conftest import run_cli, tiny_overrides
+from tests.conftest import REPO, run_cli, tiny_overrides
 from tests.test_channels import _couplings, _randomized
 from tests.test_resume import _start, final_state
 
@@ -91,6 +96,70 @@ def test_include_chooses_groups_by_their_layers_and_a_subclassed_model_is_refuse
     with pytest.raises(ConfigError) as err:
         _pruner(own)
     assert "a subclassed model" in str(err.value)
+
+
+def test_a_users_unet_loses_channels_through_its_concatenations_exactly():
+    """examples/my_models.py's U-Net: skip connections concatenate an encoder's channels
+    behind the upsampled middle's, so each keeps its own offsets in the decoder's input."""
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from my_models import unet
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    spec = SimpleNamespace(kind="image", input_shape=(16, 16, 3), num_classes=5)
+    model = _randomized(unet(spec, filters=16, blocks=2))
+    x = RNG.normal(size=(2, 16, 16, 3)).astype("float32")
+    pruner = _pruner(model)
+    pruner.choose(2)
+    pruner.choose(4)
+    masked = np.asarray(model(x, training=False))
+    small, _ = pruner.remove(_adam(model))
+    np.testing.assert_allclose(small(x, training=False), masked, atol=1e-5, rtol=0)
+    assert small.count_params() < 0.4 * model.count_params()
+
+
+class _Scaled(keras.layers.Layer):
+    """Applies a function its config cannot hold: Keras cannot make it again from its config."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def call(self, x):
+        return self.fn(x)
+
+
+def cannot_be_rebuilt(spec):
+    """A model of one's own whose rebuild fails (tests/test_structured.py)."""
+    x = keras.Input(spec.input_shape)
+    y = keras.layers.Conv2D(16, 3, activation="relu", name="free")(x)
+    y = _Scaled(lambda t: 2.0 * t)(keras.layers.Conv2D(8, 3, name="scaled")(y))
+    y = keras.layers.GlobalAveragePooling2D()(y)
+    return keras.Model(x, keras.layers.Dense(spec.num_classes)(y))
+
+
+def test_a_removal_that_fails_fails_the_run_in_one_line_and_keeps_its_checkpoints(tmp_path, store):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "odd.yaml").write_text(
+        "_target_: tests.test_structured.cannot_be_rebuilt\n"
+    )
+    cfg = compose_config(
+        [f"mlflow.tracking_uri={store}", "model=odd", "data.image_size=16"]
+        + ["data.batch_size=4", "data.train_samples=16", "data.val_samples=4"]
+        + ["trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.progress=false"]
+        + ["pruning=structured", "pruning.frequency=2", "pruning.end_step=4"],
+        tmp_path,
+    )
+    with pytest.raises(ModelError) as err:
+        run(cfg)
+    said = str(err.value)
+    assert said.startswith("pruning=structured: the model could not be rebuilt without its ")
+    assert "after optimizer step 4" in said and "\n" not in said
+    client = MlflowClient(store)
+    (failed,) = client.search_runs([client.get_experiment_by_name("tfmemlab").experiment_id])
+    assert failed.info.status == "FAILED"
+    checkpoints = Path(failed.data.tags["run_dir"]) / "checkpoints"
+    assert tf.train.latest_checkpoint(str(checkpoints)).endswith("ckpt-2")
 
 
 def _val_loss(model, cfg) -> float:

@@ -58,6 +58,15 @@ def structured_figures(
     after = history.after(step)
     if after is not history:
         figures.update(_measured(after, "after"))
+    # the run's mem/* and speed/* (runner/train/pipeline.py measures them the same way)
+    of = (
+        "the smaller model's steps after the removal"
+        if after is not history
+        else (
+            "all steps: fewer than two followed the removal (mem/estimate is the smaller model's)"
+        )
+    )
+    tracker.set_tags({"prune/figures_cover": of})
     return {**figures, **dense_baseline(tracker, history.evals[-1][1]["val/accuracy"])}
 
 

@@ -19,6 +19,7 @@ import os
 
 import tensorflow as tf
 
+from runner.core.errors import ModelError
 from runner.measure.flops import graph_forward_flops
 from runner.techniques import checkpointing
 from runner.techniques.structured import ChannelPruner
@@ -58,8 +59,16 @@ class Removal:
             "params": b.model.count_params(),
             "flops": graph_forward_flops(b.model, b.data.spec),
         }
-        small, optimizer = self.pruner.remove(b.optimizer)
-        _take(job, b, small, optimizer)
+        try:
+            small, optimizer = self.pruner.remove(b.optimizer)
+            _take(job, b, small, optimizer)
+        except Exception as err:  # the run is FAILED with this line; its checkpoints stay
+            why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+            raise ModelError(
+                f"pruning=structured: the model could not be rebuilt without its masked "
+                f"channels after optimizer step {step} ({why}); the run's checkpoints are kept "
+                f"in {job.run_dir / CHECKPOINTS}"
+            ) from err
         marker = {"step": step, "kept": self.pruner.kept_json(), "before": before}
         path = job.run_dir / MARKER
         path.parent.mkdir(parents=True, exist_ok=True)
