@@ -402,3 +402,40 @@ def test_the_deploy_benchs_targets_are_the_issues_each_on_what_it_names():
     }
     fast = _targets(figures, timed([1.0, 1.0, 1.0], [0.69, 0.69, 0.695]))
     assert any(line.startswith("ok: transformer dynamic_int8") for line in fast)
+
+
+def test_the_structured_benchs_targets_are_the_issues_each_on_what_it_names():
+    """python -m runner.bench structured's verdicts (no TensorFlow): step time and peak of the
+    structured job over the dense job's, paired by repeat, each verdict on the interval's far
+    end; LiteRT latency by round; accuracy within 2 points on digits."""
+    from runner.bench.structured import _targets
+
+    def reps(step, peak, acc=0.9):
+        return [
+            {"speed/step_time_s_p50": s, "mem/peak_bytes": p, "val/accuracy": acc}
+            for s, p in zip(step, peak, strict=True)
+        ]
+
+    runs = {
+        "mobilenet dense": reps([1.0, 1.0], [100, 100], 0.95),
+        # step 0.55 and 0.62: median 0.585 meets 0.6, the far end 0.62 does not
+        "mobilenet structured": reps([0.55, 0.62], [60, 60], 0.925),
+        "transformer dense": reps([2.0, 2.0], [100, 100]),
+        "transformer structured": reps([1.4, 1.4], [85, 85]),  # peak 0.85 > 0.8
+    }
+    row = {"latency_b1_p50_ms": 1.0, "per_round": {"latency_b1_p50_ms": [1.0, 1.0, 1.0]}}
+    timed = {
+        ("mobilenet dense", "float32"): row,
+        ("mobilenet structured", "float32"): {
+            "latency_b1_p50_ms": 0.5, "per_round": {"latency_b1_p50_ms": [0.5, 0.5, 0.55]}},
+    }  # fmt: skip
+    lines = _targets(runs, timed)
+    verdicts = {line.split(": ", 1)[1].split(" (")[0]: line.split(":")[0] for line in lines}
+    assert verdicts == {
+        "mobilenet structured step time 0.585 [0.550, 0.620] dense": NOISE,
+        "mobilenet structured step peak 0.600 [0.600, 0.600] dense": "ok",
+        "mobilenet structured float32 LiteRT batch-1 latency 0.50x [0.50, 0.55] dense": "ok",
+        "transformer structured step time 0.700 [0.700, 0.700] dense": "ok",
+        "transformer structured step peak 0.850 [0.850, 0.850] dense": "MISSED",
+        "mobilenet structured val accuracy 0.9250 vs dense 0.9500": "MISSED",
+    }

@@ -228,7 +228,7 @@ def test_a_run_killed_after_its_removal_resumes_into_the_smaller_model(tmp_path,
     job = [
         *tiny_overrides("transformer", store),
         *JOB,
-        "trainer.max_steps=300",  # about 2 s of steps after the checkpoint the kill waits for
+        "trainer.max_steps=150",  # about 2 s of steps after the checkpoint the kill waits for
         "trainer.checkpoint_every=3",
         "trainer.deterministic=true",
         "model.dropout=0.1",  # the dropout seed generators' states must be restored too
