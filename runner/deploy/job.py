@@ -29,6 +29,7 @@ from runner.core.process import in_fresh_process
 from runner.deploy import child, convert, report, rounds
 from runner.deploy.target import no_model
 from runner.feed.pipelines import Data, build_data
+from runner.schedules import schedule_of
 from runner.track.datasets import Tap
 from runner.track.model import FILE, load_file
 
@@ -93,7 +94,8 @@ def _measurement(done: convert.Converted, inputs_file: Path, settings: dict):
 
 def _variant(name: str, model, cfg: DictConfig, folder: Path, calibration) -> convert.Converted:
     """The variant `name` converted (or why not), from the SavedModel in `folder`."""
-    why = convert.not_tried(name, model, cfg.pruning.schedule != "none")
+    # zeros in the kernels: magnitude pruning's (pruning=structured leaves them dense)
+    why = convert.not_tried(name, model, schedule_of(cfg.pruning).prunes)
     if why is not None:
         return convert.Converted(name, None, why)
     saved = folder / "saved_model"
