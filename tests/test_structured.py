@@ -17,11 +17,12 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from models.transformer import TransformerBlock
-from runner.config import compose_config
+from runner.config import compose_config, takes_images
 from runner.core.errors import ConfigError, ModelError
 from runner.feed.pipelines import build_data
 from runner.techniques.structured import ChannelPruner
 from runner.train import run
+from runner.train.job import build_model
 from tests.conftest import REPO, run_cli, tiny_overrides
 from tests.test_channels import _couplings, _randomized
 from tests.test_resume import _start, final_state
@@ -61,6 +62,38 @@ def test_the_masks_take_whole_channels_and_the_removed_model_equals_the_masked_o
         size = pruner.analysis.groups[g].size
         assert len(k) == (size if size <= 8 else max(8, 8 * (size // 2 // 8))), size
     assert any(len(k) < pruner.analysis.groups[g].size for g, k in pruner.kept.items())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=mobilenet", "model.version=v2"],
+        ["model=mobilenet", "model.version=v3_small"],
+        ["model=mobilenet", "model.version=v3_large"],
+        ["model=efficientnet"],  # squeeze-and-excitation in every block
+        ["model=transformer", "model.h=32", "model.heads=4", "data.seq_len=8"],
+    ],
+    ids=["mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet", "transformer"],
+)
+def test_every_shipped_model_as_built_loses_channels_exactly(overrides):
+    """Each shipped model as the run builds it (its logits layer, its input's preprocessing):
+    half of each group masked, then removed; the outputs agree to 1e-5."""
+    cfg = compose_config([*overrides, "data.image_size=32", "data.batch_size=4"])
+    spec = build_data(cfg, takes_images(cfg)).spec
+    model = _randomized(build_model(cfg.model, spec))
+    x = (
+        RNG.integers(0, spec.vocab_size, size=(2, spec.seq_len))
+        if spec.kind == "tokens"
+        else RNG.uniform(-1, 1, size=(2, *spec.input_shape)).astype("float32")
+    )
+    pruner = _pruner(model)
+    pruner.choose(2)
+    pruner.choose(4)
+    masked = np.asarray(model(x, training=False))
+    small, _ = pruner.remove(_adam(model))
+    np.testing.assert_allclose(small(x, training=False), masked, atol=1e-5, rtol=0)
+    assert small.count_params() < 0.7 * model.count_params()
+    assert pruner.untouched == {}
 
 
 def test_at_fraction_zero_the_rebuilt_model_is_the_model():

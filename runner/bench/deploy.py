@@ -84,10 +84,13 @@ def zeros_input(tflite: Path, batch: int, into: Path) -> Path:
     return into
 
 
-def time_side_by_side(files: dict[tuple, Path], inputs: dict[str, Path], n: int) -> dict:
-    """Every file timed in `n` rounds, round-robin (runner/deploy/rounds.py); per (job,
-    variant), its row (medians and per-round latencies), or why it could not be timed."""
-    settings = {"threads": len(os.sched_getaffinity(0)), "batch_size": 32}
+def time_side_by_side(
+    files: dict[tuple, Path], inputs: dict[str, Path], n: int, batch_size: int = 32
+) -> dict:
+    """Every file timed in `n` rounds, round-robin (runner/deploy/rounds.py), at batch 1 and
+    at `batch_size`; per (job, variant), its row (medians and per-round latencies), or why it
+    could not be timed."""
+    settings = {"threads": len(os.sched_getaffinity(0)), "batch_size": batch_size}
     settings.update(repeats=100, warmup=10)  # sub-millisecond calls: more of them
 
     def job(key, path):

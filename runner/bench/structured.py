@@ -159,9 +159,9 @@ def main(extra: list[str]) -> dict:
             inputs = {}
             for model in MODELS:
                 dense = files[(f"{model} dense", "float32")]
-                inputs[model] = zeros_input(dense, 32, Path(tmp) / f"{model}.npy")
+                inputs[model] = zeros_input(dense, 1, Path(tmp) / f"{model}.npy")
             print(f"\ntiming {len(files)} float32 LiteRT files side by side, {n} rounds")
-            timed = time_side_by_side(files, inputs, n)
+            timed = time_side_by_side(files, inputs, n, batch_size=1)  # batch 1 alone
         finally:
             os.chdir(here)
     for model in MODELS:

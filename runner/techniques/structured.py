@@ -15,6 +15,7 @@ layer's input rows, BatchNorm's vectors), 1 for a kept channel, 0 for a masked o
 """
 
 import re
+import sys
 
 import keras
 import numpy as np
@@ -49,6 +50,9 @@ class ChannelPruner:
         self.end = self.schedule.end(total_steps)
         self.analysis = channel_groups(model)
         self.groups = self._chosen_groups(p)
+        if self.untouched:  # also the run's prune/untouched tag (runner/report/structured.py)
+            whole = "; ".join(f"{name}: {why}" for name, why in self.untouched.items())
+            print(f"note: pruning=structured leaves these layers whole: {whole}", file=sys.stderr)
         self.kept: dict[int, np.ndarray] = {}  # the last choice: a group's root -> kept indices
         self.removed = False
         self.choices: list[tuple[int, float]] = []  # (step, fraction) of each choice
