@@ -42,6 +42,18 @@ def _adam(model):
     return adam
 
 
+def _removed_equals_masked(model, x):
+    """Half of each group masked at steps 2 and 4, then removed: the smaller model's outputs
+    equal the masked model's to 1e-5. Returns (the smaller model, the pruner)."""
+    pruner = _pruner(model)
+    pruner.choose(2)
+    pruner.choose(4)
+    masked = np.asarray(model(x, training=False))
+    small, _ = pruner.remove(_adam(model))
+    np.testing.assert_allclose(small(x, training=False), masked, atol=1e-5, rtol=0)
+    return small, pruner
+
+
 def test_the_masks_take_whole_channels_and_the_removed_model_equals_the_masked_one():
     """Choices at steps 2 and 4 on the polynomial ramp (0.4375, then 0.5 of each group); the
     rebuilt model computes what the masked large model computes (a wrong slice of any weight
@@ -86,12 +98,7 @@ def test_every_shipped_model_as_built_loses_channels_exactly(overrides):
         if spec.kind == "tokens"
         else RNG.uniform(-1, 1, size=(2, *spec.input_shape)).astype("float32")
     )
-    pruner = _pruner(model)
-    pruner.choose(2)
-    pruner.choose(4)
-    masked = np.asarray(model(x, training=False))
-    small, _ = pruner.remove(_adam(model))
-    np.testing.assert_allclose(small(x, training=False), masked, atol=1e-5, rtol=0)
+    small, pruner = _removed_equals_masked(model, x)
     assert small.count_params() < 0.7 * model.count_params()
     assert pruner.untouched == {}
 
@@ -142,12 +149,7 @@ def test_a_users_unet_loses_channels_through_its_concatenations_exactly():
     spec = SimpleNamespace(kind="image", input_shape=(16, 16, 3), num_classes=5)
     model = _randomized(unet(spec, filters=16, blocks=2))
     x = RNG.normal(size=(2, 16, 16, 3)).astype("float32")
-    pruner = _pruner(model)
-    pruner.choose(2)
-    pruner.choose(4)
-    masked = np.asarray(model(x, training=False))
-    small, _ = pruner.remove(_adam(model))
-    np.testing.assert_allclose(small(x, training=False), masked, atol=1e-5, rtol=0)
+    small, _ = _removed_equals_masked(model, x)
     assert small.count_params() < 0.4 * model.count_params()
 
 

@@ -23,7 +23,10 @@ tests. Extra Hydra overrides after the name apply to every job of the benchmark.
 and prints each ratio with its interval, each verdict taken on its far end (noise.py).
 """
 
+import contextlib
+import os
 import tempfile
+from pathlib import Path
 
 from runner.cli import check_command_line
 from runner.config import compose_config
@@ -32,7 +35,20 @@ from runner.core.text import table
 from runner.core.units import mib
 from runner.track.client import scratch_store
 
-__all__ = ["mib", "run_jobs", "run_rounds", "table"]
+__all__ = ["bench_folder", "mib", "run_jobs", "run_rounds", "table"]
+
+
+@contextlib.contextmanager
+def bench_folder():
+    """A throw-away folder the benchmark runs in, its runs' folders (outputs/runs/<id>) and
+    store its own: yields (the folder, its store's URI); the working directory is restored."""
+    with tempfile.TemporaryDirectory() as tmp:
+        here = os.getcwd()
+        os.chdir(tmp)
+        try:
+            yield Path(tmp), f"sqlite:///{tmp}/mlflow.db"
+        finally:
+            os.chdir(here)
 
 
 def _run_one(overrides: list[str], config_dir: str | None) -> dict:

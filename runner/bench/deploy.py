@@ -21,13 +21,12 @@ gzip <= 0.2x dense float32 file. Pruned latency is printed with its interval, wh
 """
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from mlflow.tracking import MlflowClient
 
-from runner.bench import mib, run_jobs, table
+from runner.bench import bench_folder, mib, run_jobs, table
 from runner.bench.noise import Ratio, take_rounds, take_steps, verdict
 from runner.core.bootstrap import ratio_interval, within_noise
 from runner.core.process import in_fresh_process
@@ -212,29 +211,21 @@ def main(extra: list[str]) -> dict:
     """`python -m runner.bench deploy [--rounds N] [overrides...]`; returns the timed rows."""
     n, extra = take_rounds(extra, 5)
     steps, extra = take_steps(extra, 0)
-    with tempfile.TemporaryDirectory() as tmp:
-        here = os.getcwd()
-        os.chdir(tmp)  # the runs' folders (outputs/runs/<id>) and store are the bench's own
-        try:
-            store = f"sqlite:///{tmp}/mlflow.db"
-            results = run_jobs(_jobs(steps or None), [f"mlflow.tracking_uri={store}", *extra])
-            client = MlflowClient(store)
-            figures, files = {}, {}
-            for name, result in results.items():
-                run = client.get_run(result["run_id"])
-                figures[name] = run.data.metrics
-                for variant, path in files_of(Path(run.data.tags["run_dir"])).items():
-                    files[(name, variant)] = path
-            inputs = {
-                model: zeros_input(
-                    files[(f"{model} dense", "float32")], 32, Path(tmp) / f"{model}.npy"
-                )
-                for model in MODELS
-            }
-            print(f"\ntiming {len(files)} files side by side, {n} rounds", flush=True)
-            timed = time_side_by_side(files, inputs, n)
-        finally:
-            os.chdir(here)
+    with bench_folder() as (tmp, store):
+        results = run_jobs(_jobs(steps or None), [f"mlflow.tracking_uri={store}", *extra])
+        client = MlflowClient(store)
+        figures, files = {}, {}
+        for name, result in results.items():
+            run = client.get_run(result["run_id"])
+            figures[name] = run.data.metrics
+            for variant, path in files_of(Path(run.data.tags["run_dir"])).items():
+                files[(name, variant)] = path
+        inputs = {
+            model: zeros_input(files[(f"{model} dense", "float32")], 32, tmp / f"{model}.npy")
+            for model in MODELS
+        }
+        print(f"\ntiming {len(files)} files side by side, {n} rounds", flush=True)
+        timed = time_side_by_side(files, inputs, n)
     for model in MODELS:
         print(f"\n{model}: ratios to its dense float32 LiteRT file, latency with the 95% "
               f"interval over {n} rounds (paired by round)")  # fmt: skip

@@ -17,13 +17,11 @@ batch-1 latency <= 0.6x; the structured transformer (half its heads and MLP unit
 is printed beside them as measured.
 """
 
-import os
-import tempfile
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from runner.bench import mib, run_rounds, table
+from runner.bench import bench_folder, mib, run_rounds, table
 from runner.bench.deploy import files_of, latency, shown, time_side_by_side, zeros_input
 from runner.bench.noise import (
     medians,
@@ -144,26 +142,20 @@ def main(extra: list[str]) -> dict:
     repeats, extra = take_repeats(extra, 2)
     n, extra = take_rounds(extra, 5)
     steps, extra = take_steps(extra, 0)
-    with tempfile.TemporaryDirectory() as tmp:
-        here = os.getcwd()
-        os.chdir(tmp)  # the runs' folders (outputs/runs/<id>) and store are the bench's own
-        try:
-            store = f"sqlite:///{tmp}/mlflow.db"
-            runs = run_rounds(_jobs(steps or None), [f"mlflow.tracking_uri={store}", *extra],
-                              repeats)  # fmt: skip
-            client = MlflowClient(store)
-            files = {}
-            for name, results in runs.items():  # the first repeat's file of each job
-                run_dir = Path(client.get_run(results[0]["run_id"]).data.tags["run_dir"])
-                files[(name, "float32")] = files_of(run_dir)["float32"]
-            inputs = {}
-            for model in MODELS:
-                dense = files[(f"{model} dense", "float32")]
-                inputs[model] = zeros_input(dense, 1, Path(tmp) / f"{model}.npy")
-            print(f"\ntiming {len(files)} float32 LiteRT files side by side, {n} rounds")
-            timed = time_side_by_side(files, inputs, n, batch_size=1)  # batch 1 alone
-        finally:
-            os.chdir(here)
+    with bench_folder() as (tmp, store):
+        runs = run_rounds(_jobs(steps or None), [f"mlflow.tracking_uri={store}", *extra],
+                          repeats)  # fmt: skip
+        client = MlflowClient(store)
+        files = {}
+        for name, results in runs.items():  # the first repeat's file of each job
+            run_dir = Path(client.get_run(results[0]["run_id"]).data.tags["run_dir"])
+            files[(name, "float32")] = files_of(run_dir)["float32"]
+        inputs = {}
+        for model in MODELS:
+            dense = files[(f"{model} dense", "float32")]
+            inputs[model] = zeros_input(dense, 1, tmp / f"{model}.npy")
+        print(f"\ntiming {len(files)} float32 LiteRT files side by side, {n} rounds")
+        timed = time_side_by_side(files, inputs, n, batch_size=1)  # batch 1 alone
     for model in MODELS:
         print(f"\n{model}: training after the removal (structured) against dense; float32 "
               f"LiteRT batch-1 latency over {n} rounds")  # fmt: skip
