@@ -189,6 +189,7 @@ BAD_INPUT = [
     (["deploy=litert", "deploy.batch_size=0"], "deploy.batch_size=0", "an integer >= 1"),
     (["deploy=litert", "deploy.threads=0"], "deploy.threads=0", "an integer >= 1"),
     (["deploy=litert", "deploy.rounds=0"], "deploy.rounds=0", "an integer >= 1"),
+    (["deploy=litert", "deploy.min_time_s=-1"], "deploy.min_time_s=-1.0", "seconds >= 0"),
     (["deploy=litert", "deploy.threads=two"], "deploy.threads=two", "Integer"),
     (
         ["deploy=litert", "trainer.save_model=false"],

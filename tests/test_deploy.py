@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -21,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import compose_config
 from runner.config.schema import DEPLOY_VARIANTS
-from runner.deploy import convert, report, rounds
+from runner.deploy import child, convert, report, rounds
 from runner.deploy import target as deploy_target
 from runner.deploy.child import file_digest
 from runner.deploy.job import measure_kept
@@ -31,9 +32,10 @@ from runner.track.tracker import Tracker
 from runner.train import run
 from tests.conftest import REPO, run_cli, tiny_overrides
 
-# Quick settings: 3 timed calls after 1, batch 4, 2 rounds; 2 calibration batches (the 2 a
-# digest hashes).
+# Quick settings: 3 timed calls after 1 (no time floors), batch 4, 2 rounds; 2 calibration
+# batches (the 2 a digest hashes).
 QUICK = ["deploy.batch_size=4", "deploy.repeats=3", "deploy.warmup=1", "deploy.rounds=2"]
+QUICK += ["deploy.warmup_s=0", "deploy.min_time_s=0"]  # no time floors: counts alone
 DEPLOY = ["deploy=litert", "trainer.save_model=true", "deploy.calibration_batches=2", *QUICK]
 # BatchNorm statistics re-estimated before the model is kept: with the initial ones, 3 steps
 # leave logits that hardly depend on the input, and a quantized model would pass for float32.
@@ -177,13 +179,16 @@ def test_agreement_is_against_the_keras_model_not_the_variant(deployed, tmp_path
 
 @pytest.mark.slow
 def test_a_sweep_compares_the_variants_of_its_jobs(tmp_path, store):
-    """`python run.py -m pruning=none,constant deploy=litert` on the tiny transformer, as a
-    user runs it: each job's float32 LiteRT predicts what its Keras model predicts (its
-    position ids are a running count, which LiteRT's builtins run; `zeros + arange` lowered to
-    an int32 BiasAdd they lack), its int8 row says why it is not tried (token inputs), and the
-    sweep's report has the deployment table, divided by the baseline's float32 file, and the
-    accuracy-against-latency-and-size picture."""
-    args = ["-m", "pruning=none,constant", "++pruning.frequency=2", "sweep.isolate=false"]
+    """`python run.py -m pruning=none,constant,structured deploy=litert` on the tiny
+    transformer, as a user runs it: each job's float32 LiteRT predicts what its Keras model
+    predicts (its position ids are a running count, which LiteRT's builtins run; `zeros +
+    arange` lowered to an int32 BiasAdd they lack), its int8 row says why it is not tried
+    (token inputs), and the sweep's report has the deployment table, divided by the
+    baseline's float32 file, and the accuracy-against-latency-and-size picture. The
+    structured job's files are of its smaller model: its float32 file is smaller than the
+    baseline's, and it has no sparse file (its kernels are dense)."""
+    args = ["-m", "pruning=none,constant,structured", "++pruning.frequency=2"]
+    args += ["sweep.isolate=false"]
     args += [*tiny_overrides("transformer"), *DEPLOY, "deploy.variants=[float32,int8,sparse]"]
     args += ["deploy.rounds=1"]
     done = run_cli(args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store})
@@ -201,8 +206,9 @@ def test_a_sweep_compares_the_variants_of_its_jobs(tmp_path, store):
         assert metrics["deploy/float32/agreement"] == 1.0
         bound = 1e-4 * metrics["deploy/keras/logit_scale"]
         assert metrics["deploy/float32/max_logit_diff"] <= bound
-    dense, pruned = (j.data.metrics for j in jobs)
+    dense, pruned, structured = (j.data.metrics for j in jobs)
     assert "deploy/sparse/file_bytes" not in dense and "deploy/sparse/file_bytes" in pruned
+    assert "deploy/sparse/file_bytes" not in structured
     # The deployment table: every (job, variant), each divided by the baseline's float32 file.
     table = (tmp_path / "outputs" / "multirun").glob("*/*/deploy_comparison.csv")
     with next(table).open() as f:
@@ -215,6 +221,15 @@ def test_a_sweep_compares_the_variants_of_its_jobs(tmp_path, store):
         pruned["deploy/float32/file_gzip_bytes"] / dense["deploy/float32/file_gzip_bytes"]
     )
     assert gzip < 0.95, gzip  # half the kernels zero: the gzipped file is smaller
+    # One head of two and half the MLP units removed: the float32 file itself is smaller,
+    # as the run's smaller model (its params) says.
+    small = rows[("pruning=structured", "float32")]
+    assert float(small["file/base"]) == pytest.approx(
+        structured["deploy/float32/file_bytes"] / dense["deploy/float32/file_bytes"]
+    )
+    assert float(small["file/base"]) < 0.9, small  # 0.84 read: the file has its own overhead
+    assert structured["params/total"] < 0.8 * dense["params/total"]
+    assert rows[("pruning=structured", "sparse")]["status"].startswith("not converted")
     assert "deployment: /base divides by the baseline job's (baseline) float32" in done.stdout
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/deploy_comparison.md", "report/deploy_pareto.png"} <= report
@@ -335,3 +350,21 @@ def test_deploy_command_logs_into_the_same_run(deployed):
     assert after.data.tags["deploy/calibration_digest"] == after.data.tags["data/train_digest"]
     history = MlflowClient(store).get_metric_history(mlrun.info.run_id, "deploy/int8/file_bytes")
     assert len(history) == 2  # the run's own measurement and the command's
+
+
+def test_latency_warms_up_and_times_for_at_least_its_seconds_past_its_counts():
+    """deploy.warmup_s and deploy.min_time_s: calls of a microsecond go on past the counts
+    until the seconds are spent (a count alone timed sub-millisecond models while they were
+    still settling); with no seconds, the counts alone."""
+    calls = []
+
+    def call(x):
+        calls.append(time.perf_counter())
+        return x
+
+    settings = {"warmup": 2, "repeats": 3, "warmup_s": 0.05, "min_time_s": 0.1}
+    child._latency(call, np.zeros(1), settings)
+    assert len(calls) > 100 and calls[-1] - calls[0] >= 0.14
+    calls.clear()
+    child._latency(call, np.zeros(1), {**settings, "warmup_s": 0, "min_time_s": 0})
+    assert len(calls) == 5

@@ -114,6 +114,28 @@ def test_at_fraction_zero_the_rebuilt_model_is_the_model():
     np.testing.assert_allclose(small(x, training=False), model(x, training=False), atol=1e-6)
 
 
+def test_taylor_keeps_the_channels_whose_weights_move_the_loss_not_the_largest():
+    """Dense(16) units 0-7 have large weights and no gradient, units 8-15 small weights and a
+    gradient: l1 keeps 0-7, taylor (|w x g| summed over the steps' updates, along the unit's
+    axis of each weight its group indexes) keeps 8-15. A taylor sum along the wrong axis, or
+    one that is not added, keeps what l1 keeps."""
+    kept = {}
+    for importance in ("l1", "taylor"):
+        x = keras.Input((6,))
+        model = keras.Model(x, keras.layers.Dense(3)(keras.layers.Dense(16, name="d")(x)))
+        kernel = np.full((6, 16), 0.1, "float32")
+        kernel[:, :8] = 1.0
+        model.get_layer("d").kernel.assign(kernel)
+        pruner = _pruner(model, importance=importance)
+        grads = [np.zeros(v.shape, "float32") for v in model.trainable_variables]
+        grads[0][:, 8:] = 1.0  # the first Dense's kernel: only units 8-15 move the loss
+        for _ in range(2):  # two steps' updates, summed
+            pruner.after_update([tf.constant(g) for g in grads], model.trainable_variables)
+        assert pruner.choose(4)
+        (kept[importance],) = (k for g, k in pruner.kept.items() if len(k) < 16)
+    assert kept == {"l1": pytest.approx(range(8)), "taylor": pytest.approx(range(8, 16))}
+
+
 def test_include_chooses_groups_by_their_layers_and_a_subclassed_model_is_refused():
     model = _couplings()
     only = _pruner(model, include=["^a$"])

@@ -91,6 +91,7 @@ def time_side_by_side(
     could not be timed."""
     settings = {"threads": len(os.sched_getaffinity(0)), "batch_size": batch_size}
     settings.update(repeats=100, warmup=10)  # sub-millisecond calls: more of them
+    settings.update(warmup_s=0.5, min_time_s=1.0)  # and time: runner/deploy/child.py
 
     def job(key, path):
         saved = key[1] == "saved_model"

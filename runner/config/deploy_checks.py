@@ -8,9 +8,9 @@ from runner.config.schema import DEPLOY_NAMES, DEPLOY_VARIANTS
 from runner.core.errors import ConfigError
 
 
-def _at_least(key: str, value, low: int) -> None:
+def _at_least(key: str, value, low: int, kind: str = "an integer") -> None:
     if value is None or isinstance(value, bool) or value < low:
-        raise ConfigError(key, value, f"an integer >= {low}")
+        raise ConfigError(key, value, f"{kind} >= {low}")
 
 
 def check_deploy(d: DictConfig, save_model: bool = True) -> None:
@@ -32,6 +32,8 @@ def check_deploy(d: DictConfig, save_model: bool = True) -> None:
     _at_least("deploy.calibration_batches", d.calibration_batches, 1)
     _at_least("deploy.repeats", d.repeats, 1)
     _at_least("deploy.warmup", d.warmup, 0)
+    _at_least("deploy.warmup_s", d.warmup_s, 0, "seconds")
+    _at_least("deploy.min_time_s", d.min_time_s, 0, "seconds")
     _at_least("deploy.rounds", d.rounds, 1)
     if not save_model:
         why = f"true with deploy={d.name} (it measures the model the run keeps)"

@@ -99,6 +99,8 @@ class DeployConfig:
     calibration_batches: int = 10  # int8: batches of the job's own training split
     repeats: int = 50  # timed calls per latency
     warmup: int = 5  # untimed calls before them
+    warmup_s: float = 0.5  # and untimed calls for at least this long
+    min_time_s: float = 1.0  # timed calls for at least this long, even past `repeats`
     rounds: int = 3  # each variant measured this many times, round-robin, each a fresh process
 
 

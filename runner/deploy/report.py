@@ -127,8 +127,9 @@ def header(settings: dict, calibration: str | None, train_digest: str | None) ->
         "# Deployment: the kept model where it runs",
         "",
         f"CPU: {cpu_model()}; {settings['threads']} threads; latency at batch 1 and at batch "
-        f"{settings['batch_size']}, {settings['warmup']} untimed then "
-        f"{settings['repeats']} timed calls each; each variant in a fresh process, "
+        f"{settings['batch_size']}, untimed calls (at least {settings['warmup']}, for at "
+        f"least {settings['warmup_s']} s) then timed ones (at least {settings['repeats']}, "
+        f"for at least {settings['min_time_s']} s); each variant in a fresh process, "
         f"{settings['rounds']} round(s) round-robin: figures are the rounds' medians, ratios "
         "to float32 LiteRT with their 95% bootstrap interval over the rounds (paired by round).",
         "Agreement and max abs logit diff: against the Keras model's own outputs on the same "
