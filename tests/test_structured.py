@@ -259,11 +259,14 @@ def test_a_structured_run_trains_keeps_and_reports_the_smaller_model(tiny_cfg, s
     assert m["mem/estimate/masks_bytes"] == 0
     assert mlrun.data.tags["prune/untouched"] == "none"
     # The large model's variables are freed at the removal (runner/train/compiled.py): what
-    # stays allocated between steps falls.
+    # stays allocated between steps falls by at least the removed weights and their two Adam
+    # slots, 3 x 4 bytes each (110,080 bytes measured, the masks too; 44,032 while the
+    # model's build-time custom gradients held its weights; 500 KB more with no cleanup).
     resting = {
         x.step: x.value for x in client.get_metric_history(mlrun.info.run_id, "mem/current_bytes")
     }
-    assert resting[12] < resting[8] - 20_000  # measured 44 KB less; 500 KB more if not freed
+    removed = m["prune/params_before"] - m["prune/params_after"]
+    assert resting[8] - resting[12] >= 12 * removed, (resting[8] - resting[12], 12 * removed)
     choices = client.get_metric_history(result["run_id"], "prune/scheduled_fraction")
     assert [x.step for x in choices] == [3, 6, 8]
     mlflow.set_tracking_uri(store)

@@ -8,17 +8,20 @@ TensorFlow's global gradient registry under a fresh name and never removes it
 (tensorflow/python/ops/custom_gradient.py, _graph_mode_decorator: `@ops.RegisterGradient(name)`
 with name "CustomGradient-<uid>"); that function holds the traced graph, whose captures hold
 the variables. Measured: a Dense kernel of 1 MiB updated by a traced SGD stayed allocated
-after every Python reference to it was gone, and was freed once its entry was removed. So a
-remake removes the entries registered since the last one: those of the dropped steps'
-traces, whose gradients were taken when they were traced and are never looked up again.
+after every Python reference to it was gone, and was freed once its entry was removed. So each
+make removes every entry registered since the job began to build its model: those of the
+dropped steps' traces, whose gradients were taken when they were traced, and those of the
+model's own symbolic build (Keras calls each layer once on symbolic inputs in a scratch
+graph), whose gradients are never taken. A custom-gradient layer's build-time entry holds
+its variables: the transformer's own LayerNorm and attention kept 1.84 MiB of a removed
+model alive, the large model's weights, until those entries were removed too.
 """
 
 import keras
-from tensorflow.python.framework import ops
 
 from runner.techniques import precision
 from runner.techniques.accumulation import make_train_step
-from runner.train.job import Built, Job
+from runner.train.job import Built, Job, gradient_registry
 from runner.train.optimizer import make_eval_step
 
 
@@ -29,7 +32,6 @@ class Compiled:
         self.job, self.built = job, built
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.train_step = self.eval_step = None
-        self.registered = set(_registry())  # custom gradients known before our steps' traces
         self.make()
 
     def make(self) -> None:
@@ -38,10 +40,9 @@ class Compiled:
         b, job = self.built, self.job
         after_update = b.pruner.after_update if b.pruner else None
         self.train_step = self.eval_step = None
-        registry = _registry()
-        for name in [n for n in registry if n not in self.registered]:
-            del registry[name]  # a dropped trace's custom gradient (module docstring)
-        self.registered = set(registry)
+        registry = gradient_registry()
+        for name in [n for n in registry if n not in b.gradients_before]:
+            del registry[name]  # of a dropped trace, or of a model's build (module docstring)
         self.eval_step = make_eval_step(b.trained, self.loss_fn, job.jit)
         self.train_step = make_train_step(
             b.trained, b.optimizer, self.loss_fn, job.cfg.accum, job.jit, after_update,
@@ -55,8 +56,3 @@ class Compiled:
         """The loss scale of a loss-scaled optimizer, each step."""
         metrics = precision.step_metrics(self.built.optimizer)
         return metrics() if metrics else {}
-
-
-def _registry() -> dict:
-    """TensorFlow's gradient functions by op type name (private: ops._gradient_registry)."""
-    return ops._gradient_registry._registry

@@ -14,6 +14,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 from omegaconf import DictConfig
+from tensorflow.python.framework import ops
 
 from runner.config.model import is_target
 from runner.core.errors import Interrupted
@@ -64,6 +65,14 @@ class Built:
     pruner: Pruner | ChannelPruner | None
     data: Data
     total_steps: int
+    # The names in TensorFlow's gradient registry before the model was built: every custom
+    # gradient registered from then on is of this job's traces (runner/train/compiled.py).
+    gradients_before: frozenset[str] = frozenset()
+
+
+def gradient_registry() -> dict:
+    """TensorFlow's gradient functions by op type name (private: ops._gradient_registry)."""
+    return ops._gradient_registry._registry
 
 
 def build_model(m: DictConfig, spec) -> keras.Model:
@@ -81,6 +90,7 @@ def build(job: Job, data: Data) -> Built:
     cfg = job.cfg
     total_steps = cfg.trainer.max_steps or cfg.trainer.epochs * data.steps_per_epoch
     structured = schedule_of(cfg.pruning).removes
+    before = frozenset(gradient_registry())
     with job.scope():
         model = build_model(cfg.model, data.spec)
         # Its channel groups are read from the model's own graph, before checkpointing's
@@ -99,7 +109,7 @@ def build(job: Job, data: Data) -> Built:
         # Shares the model's variables; steps on the optimizer's clock, as the LR schedule does.
         if not structured:
             pruner = pruning.build_pruner(model, cfg.pruning, total_steps, optimizer)
-    return Built(model, trained, remat, optimizer, pruner, data, total_steps)
+    return Built(model, trained, remat, optimizer, pruner, data, total_steps, before)
 
 
 def train_state(job: Job, built: Built) -> TrainState:
