@@ -260,8 +260,8 @@ def test_a_structured_run_trains_keeps_and_reports_the_smaller_model(tiny_cfg, s
     assert mlrun.data.tags["prune/untouched"] == "none"
     # The large model's variables are freed at the removal (runner/train/compiled.py): what
     # stays allocated between steps falls by at least the removed weights and their two Adam
-    # slots, 3 x 4 bytes each (110,080 bytes measured, the masks too; 44,032 while the
-    # model's build-time custom gradients held its weights; 500 KB more with no cleanup).
+    # slots, 3 x 4 bytes each (110,080 bytes measured, the masks too; 29,952 and 44,032 while
+    # the model's build-time custom gradients held its weights; 500 KB more with no cleanup).
     resting = {
         x.step: x.value for x in client.get_metric_history(mlrun.info.run_id, "mem/current_bytes")
     }

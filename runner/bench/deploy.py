@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.bench import bench_folder, mib, run_jobs, table
 from runner.bench.noise import Ratio, take_rounds, take_steps, verdict
+from runner.config.schema import DeployConfig
 from runner.core.bootstrap import ratio_interval, within_noise
 from runner.core.process import in_fresh_process
 from runner.deploy import child, rounds
@@ -91,7 +92,8 @@ def time_side_by_side(
     could not be timed."""
     settings = {"threads": len(os.sched_getaffinity(0)), "batch_size": batch_size}
     settings.update(repeats=100, warmup=10)  # sub-millisecond calls: more of them
-    settings.update(warmup_s=0.5, min_time_s=1.0)  # and time: runner/deploy/child.py
+    # and time, as deploy=litert's defaults: runner/deploy/child.py
+    settings.update(warmup_s=DeployConfig.warmup_s, min_time_s=DeployConfig.min_time_s)
 
     def job(key, path):
         saved = key[1] == "saved_model"

@@ -24,6 +24,10 @@ from runner.techniques.accumulation import make_train_step
 from runner.train.job import Built, Job, gradient_registry
 from runner.train.optimizer import make_eval_step
 
+# The names tf.custom_gradient registers under; an op's own gradient (a module imported during
+# the run may register one) is never removed.
+CUSTOM = "CustomGradient-"
+
 
 class Compiled:
     """The steps of `built` (its trained model, optimizer and pruner) as `job` runs them."""
@@ -41,8 +45,9 @@ class Compiled:
         after_update = b.pruner.after_update if b.pruner else None
         self.train_step = self.eval_step = None
         registry = gradient_registry()
-        for name in [n for n in registry if n not in b.gradients_before]:
-            del registry[name]  # of a dropped trace, or of a model's build (module docstring)
+        ours = [n for n in registry if n.startswith(CUSTOM) and n not in b.gradients_before]
+        for name in ours:  # of a dropped trace, or of a model's build (module docstring)
+            del registry[name]
         self.eval_step = make_eval_step(b.trained, self.loss_fn, job.jit)
         self.train_step = make_train_step(
             b.trained, b.optimizer, self.loss_fn, job.cfg.accum, job.jit, after_update,

@@ -67,7 +67,7 @@ class Built:
     total_steps: int
     # The names in TensorFlow's gradient registry before the model was built: every custom
     # gradient registered from then on is of this job's traces (runner/train/compiled.py).
-    gradients_before: frozenset[str] = frozenset()
+    gradients_before: frozenset[str]
 
 
 def gradient_registry() -> dict:
