@@ -275,12 +275,14 @@ def test_a_layers_own_activation_is_walked_and_a_relus_gradient_takes_no_buffer(
     # layer, then swish, whose gradient reads its input: 4 maps (measured 64.0 MiB); walked as a
     # Dense layer alone (the old walk), 2 (1.94x). Dense(..., activation="relu") holds 2 either
     # way. Measured 32.2 MiB (relu, either way) and 64.0-64.2 (swish) in two runs: 1.005x.
-    from tests.peaks import requested_peak, step_peak
+    # What every call holds is the least of several (tests/peaks.py requested_peaks): beside two
+    # busy processes one call of swish's held a fifth map (84.1 MB, 1.25x) in 1 of 3 runs.
+    from tests.peaks import requested_peaks, step_peak
 
     b, tensor = 1024, 1024 * 4096 * 4
     model = _wide(activation, own)
     x, y = tf.random.normal((b, 16)), tf.zeros((b,), tf.int32)
-    measured = step_peak(model, x, y, peak=requested_peak)
+    measured = step_peak(model, x, y, peak=lambda call: min(requested_peaks(call, calls=3)))
     kept, work, _ = graph_walk.walk_step(model, b, 4, RematInfo(), timeline.Executor())
     assert round((kept + work) / tensor) == maps, (kept, work)
     assert 0.9 <= measured / (kept + work) <= 1.15, (measured, kept + work)
