@@ -9,12 +9,13 @@ TensorFlow's global gradient registry under a fresh name and never removes it
 with name "CustomGradient-<uid>"); that function holds the traced graph, whose captures hold
 the variables. Measured: a Dense kernel of 1 MiB updated by a traced SGD stayed allocated
 after every Python reference to it was gone, and was freed once its entry was removed. So each
-make removes every entry registered since the job began to build its model: those of the
-dropped steps' traces, whose gradients were taken when they were traced, and those of the
-model's own symbolic build (Keras calls each layer once on symbolic inputs in a scratch
-graph), whose gradients are never taken. A custom-gradient layer's build-time entry holds
-its variables: the transformer's own LayerNorm and attention kept 1.84 MiB of a removed
-model alive, the large model's weights, until those entries were removed too.
+make removes every custom gradient registered since the job began to build its model (never
+an op's own gradient): those of the dropped steps' traces, whose gradients were taken when
+they were traced, and those of the model's own symbolic build (Keras calls each layer once
+on symbolic inputs in a scratch graph), whose gradients are never taken. A custom-gradient
+layer's build-time entry holds its variables: the transformer's own LayerNorm and attention
+kept 1.84 MiB of a removed model alive, the large model's weights, until those entries were
+removed too.
 """
 
 import keras
